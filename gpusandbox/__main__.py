@@ -1,0 +1,52 @@
+"""Entry point: picks the subcommand and imports only what it needs.
+
+`run` is the hot path (job arrays, per-rank sandboxes): it must not pay for
+argparse, json or attrs, which the report commands use freely."""
+import sys
+
+USAGE = """usage: gpusandbox COMMAND [options]
+
+commands:
+  run [options] IMAGE_DIR [--] CMD [ARG...]   run CMD in IMAGE_DIR (see 'gpusandbox run --help')
+  info [--json]                               driver, CUDA ceiling, GPUs, isolation available here
+  list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
+  doctor [--gpus SEL] [IMAGE_DIR]             check launcher, driver and image, one line per check
+  sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)
+  version                                     print the version
+"""
+
+
+def _report_cmd(modname, func, argv):
+    import importlib
+    mod = importlib.import_module(modname)
+    return getattr(mod, func)(argv)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0 if argv else 125
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "run":
+        from .cli import main_run
+        return main_run(rest)
+    if cmd == "info":
+        return _report_cmd("gpusandbox.gpu.report", "main_info", rest)
+    if cmd == "list":
+        return _report_cmd("gpusandbox.gpu.report", "main_list", rest)
+    if cmd == "doctor":
+        return _report_cmd("gpusandbox.doctor", "main", rest)
+    if cmd == "sim":
+        return _report_cmd("gpusandbox.gpu.sim", "main", rest)
+    if cmd in ("version", "--version"):
+        from . import __version__
+        sys.stdout.write(f"gpusandbox {__version__}\n")
+        return 0
+    sys.stderr.write(f"gpusandbox: error: unknown command: {cmd}\n"
+                     "hint: run 'gpusandbox --help' for the list of commands\n")
+    return 125
+
+
+if __name__ == "__main__":
+    sys.exit(main())

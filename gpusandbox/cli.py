@@ -1,0 +1,214 @@
+"""`gpusandbox run`: argv -> RunSpec -> launch.  The only module of the run
+path that prints errors and chooses exit codes.
+
+The parser is hand-written on purpose: argparse costs ~10 ms of imports on a
+launch that should take ~20 ms in total.  Options come before IMAGE_DIR;
+everything after IMAGE_DIR (an optional `--` first) is the command."""
+import os
+import sys
+
+from .errors import SandboxError, UsageError, EXIT_LAUNCHER
+from .spec import Bind, RunSpec
+
+RUN_HELP = """usage: gpusandbox run [options] IMAGE_DIR [--] CMD [ARG...]
+
+Run CMD inside IMAGE_DIR (a root filesystem directory, or an OCI bundle with
+config.json and rootfs/).  CMD is looked up on the image's PATH.
+
+GPUs:
+  --gpus all|none|auto|LIST   GPUs to inject: indices, GPU-<uuid>, PCI bus ids, MIG g:i, MIG-<uuid>
+                              (default: the caller's NVIDIA_VISIBLE_DEVICES; unset = no GPU support)
+  --gpu-caps CAPS             driver capabilities (default utility,compute; 'all')
+  --driver-root DIR           where the host driver lives (default /)
+  --dev-root DIR              where its device nodes live (default DRIVER_ROOT/dev)
+  --no-require                skip the image's CUDA requirement check (warns)
+Identity and namespaces:
+  --root                      map the caller to uid 0 inside (rootless fakeroot)
+  --userns auto|single|subids|host
+                              auto: a user namespace when not root; single: one-id map;
+                              subids: full range via newuidmap/newgidmap; host: none (root only)
+  --user UID[:GID]            run as this user (real root only), supplementary groups cleared
+  --net host|none             share the host network (default) or an isolated one with loopback
+  --hostname NAME             hostname inside (default: gpusandbox)
+Root filesystem:
+  --writable-tmpfs            private writable overlay over the image, discarded at exit
+  --rw                        write through to IMAGE_DIR (missing mount points are created in it)
+  -v, --bind SRC:DST[:ro|rw]  bind-mount a host path (repeatable; default rw)
+Process:
+  -w, --workdir DIR           working directory (default: the image's, else /)
+  -e, --env KEY=VALUE|KEY     set a variable (KEY alone copies the host's value)
+  --env-file FILE             KEY=VALUE lines
+  --env-host                  pass the whole host environment (never LD_PRELOAD, LD_LIBRARY_PATH,
+                              PYTHONPATH unless given with -e)
+  -t, --tty                   allocate a pseudo-terminal when stdin is a terminal
+  --seccomp PROFILE|unconfined  seccomp profile name (default, profiling) or JSON file
+cgroup:
+  --cgroup-parent PATH        parent cgroup for the sandbox's leaf (default: the launcher's)
+  --memory N  --memory-swap N --pids-limit N  --cpus N
+  --best-effort-limits        warn instead of failing when a controller is missing
+Other:
+  --verbose                   print what was set up (cgroup, device filter, mounts) to stderr
+  -h, --help
+
+Exit status: 125 launcher error, 126 command not executable, 127 command not
+found, 128+N command killed by signal N, else the command's own status.
+"""
+
+# option -> (attribute or handler name, takes a value)
+_OPTS = {
+    "--gpus": "gpus", "--gpu-caps": "gpu_caps", "--driver-root": "driver_root",
+    "--dev-root": "dev_root", "--userns": "userns", "--user": "user", "--net": "net",
+    "--hostname": "hostname", "-v": "bind", "--bind": "bind", "--volume": "bind",
+    "-w": "workdir", "--workdir": "workdir", "-e": "env", "--env": "env",
+    "--env-file": "env_file", "--seccomp": "seccomp", "--cgroup-parent": "cgroup_parent",
+    "--memory": "memory", "--memory-swap": "memory_swap", "--pids-limit": "pids_limit",
+    "--cpus": "cpus",
+}
+_FLAGS = {
+    "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
+    "--env-host": "env_host", "-t": "tty", "--tty": "tty", "--verbose": "verbose",
+    "--no-require": "no_require", "--best-effort-limits": "best_effort",
+}
+
+
+def _bad(what, why, hint):
+    raise UsageError(what, why, hint)
+
+
+def parse_bind(value):
+    parts = value.split(":")
+    if len(parts) == 2:
+        src, dst, mode = parts[0], parts[1], "rw"
+    elif len(parts) == 3:
+        src, dst, mode = parts
+    else:
+        _bad(f"invalid --bind {value!r}", "expected SRC:DST[:ro|rw]",
+             "example: -v /scratch/data:/data:ro")
+    if mode not in ("ro", "rw"):
+        _bad(f"invalid --bind {value!r}", f"unknown mode {mode!r}", "use :ro or :rw")
+    if not src or not dst.startswith("/"):
+        _bad(f"invalid --bind {value!r}", "SRC must be given and DST must be absolute",
+             "example: -v /scratch/data:/data")
+    if "\0" in value or any(p == ".." for p in dst.split("/")):
+        _bad(f"invalid --bind {value!r}", "DST may not contain '..'", "give a plain absolute path")
+    return Bind(os.path.abspath(src), os.path.normpath(dst), mode == "rw")
+
+
+def parse_env_item(value):
+    key = value.partition("=")[0]
+    if not key or "\0" in value or not (key[0].isalpha() or key[0] == "_") or \
+            not all(c.isalnum() or c == "_" for c in key):
+        _bad(f"invalid --env {value!r}", "expected KEY=VALUE or KEY with KEY made of "
+             "letters, digits and _", "example: -e OMP_NUM_THREADS=8")
+    return value
+
+
+def parse_user(value):
+    uid, _, gid = value.partition(":")
+    try:
+        u = int(uid)
+        g = int(gid) if gid else u
+        if u < 0 or g < 0:
+            raise ValueError
+    except ValueError:
+        _bad(f"invalid --user {value!r}", "expected numeric UID[:GID]", "example: --user 1000:1000")
+    return (u, g)
+
+
+def parse_run_args(argv):
+    spec = RunSpec()
+    i, n = 0, len(argv)
+    while i < n:
+        a = argv[i]
+        if a == "--":
+            i += 1
+            break
+        if not a.startswith("-") or a == "-":
+            break
+        if a in ("-h", "--help"):
+            return None
+        name, eq, val = a.partition("=")
+        if name in _FLAGS and not eq:
+            attr = _FLAGS[name]
+            if attr == "writable_tmpfs":
+                spec.rootfs_mode = "tmpfs-overlay"
+            elif attr == "rw":
+                spec.rootfs_mode = "rw"
+            else:
+                setattr(spec, attr, True)
+            i += 1
+            continue
+        if name not in _OPTS:
+            _bad(f"unknown option {a!r}", None, "run 'gpusandbox run --help' for the options")
+        if not eq:
+            if i + 1 >= n:
+                _bad(f"option {name} needs a value", None, "run 'gpusandbox run --help'")
+            val = argv[i + 1]
+            i += 2
+        else:
+            i += 1
+        attr = _OPTS[name]
+        if attr == "bind":
+            spec.binds.append(parse_bind(val))
+        elif attr == "env":
+            spec.env_set.append(parse_env_item(val))
+        elif attr == "env_file":
+            spec.env_files.append(val)
+        elif attr == "user":
+            spec.user = parse_user(val)
+        elif attr == "userns":
+            if val not in ("auto", "single", "subids", "host"):
+                _bad(f"invalid --userns {val!r}", None, "use auto, single, subids or host")
+            spec.userns = val
+        elif attr == "net":
+            if val not in ("host", "none"):
+                _bad(f"invalid --net {val!r}", None, "use host (default) or none")
+            spec.net = val
+        else:
+            setattr(spec, attr, val)
+    if i >= n:
+        _bad("missing IMAGE_DIR", None, "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
+    spec.image = argv[i]
+    rest = argv[i + 1:]
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if not rest:
+        _bad("missing command", None, "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
+    spec.argv = rest
+    if spec.workdir is not None and not spec.workdir.startswith("/"):
+        _bad(f"invalid --workdir {spec.workdir!r}", "it must be an absolute path in the image",
+             "example: -w /work")
+    if spec.hostname is not None and (not spec.hostname or len(spec.hostname) > 64
+                                      or "/" in spec.hostname or "\0" in spec.hostname):
+        _bad(f"invalid --hostname {spec.hostname!r}", "1 to 64 characters without '/'", None)
+    return spec
+
+
+def report(err, out=None):
+    out = out or sys.stderr
+    msg = f"gpusandbox: error: {err.line()}\n"
+    if err.hint:
+        msg += f"hint: {err.hint}\n"
+    out.write(msg)
+    out.flush()
+
+
+def main_run(argv):
+    try:
+        spec = parse_run_args(argv)
+        if spec is None:
+            sys.stdout.write(RUN_HELP)
+            return 0
+        if os.environ.get("GPUSANDBOX_TEST_PAUSE"):
+            spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
+        from .stages.parent import launch
+        return launch(spec)
+    except SandboxError as e:
+        report(e)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+    except OSError as e:
+        # Last resort: an OSError that escaped a stage still gets one line.
+        report(SandboxError(str(e.strerror or e), e.filename))
+        return EXIT_LAUNCHER

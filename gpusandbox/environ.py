@@ -1,0 +1,85 @@
+"""The sandbox's environment, built from one precedence table (README.md,
+"Environment"), later rows winning:
+
+  1. defaults        PATH, HOME (the image's passwd entry for the uid), TERM with --tty
+  2. host            job variables (SLURM_* PMI* PMIX_* OMPI_* UCX_* NCCL_*), or the
+                     whole host environment with --env-host; never NEVER_PASS
+  3. image           OCI config.json process.env, else the image's /etc/environment
+  4. GPU             NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES, CUDA_VISIBLE_DEVICES
+  5. --env-file      in the order given
+  6. -e              in the order given (KEY alone copies the host's value)
+
+Nothing here runs on behalf of the image: the image's variables are data
+placed in the command's environment, never in the launcher's own (an image
+LD_PRELOAD reaching a host-side helper was CVE-2025-23266).
+"""
+from .errors import UsageError
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+JOB_PREFIXES = ("SLURM_", "PMI", "PMIX_", "OMPI_", "UCX_", "NCCL_")
+# Host values that would change how code inside loads; they pass only with -e.
+NEVER_PASS = frozenset(("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH",
+                        "PYTHONHOME", "PYTHONSTARTUP", "CUDA_VISIBLE_DEVICES",
+                        "NVIDIA_VISIBLE_DEVICES"))
+
+
+def parse_env_lines(text, origin):
+    """KEY=VALUE lines (/etc/environment, --env-file); '#' comments, blank
+    lines and an optional 'export ' prefix; matching quotes are removed."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[7:].lstrip()
+        key, eq, val = line.partition("=")
+        key = key.strip()
+        if not eq or not key or not all(c.isalnum() or c == "_" for c in key):
+            raise UsageError(f"{origin}:{n}: invalid line {line[:60]!r}",
+                             "expected KEY=VALUE", "fix or remove that line")
+        if len(val) >= 2 and val[0] == val[-1] and val[0] in "\"'":
+            val = val[1:-1]
+        out.append((key, val))
+    return out
+
+
+def passwd_home(passwd_text, uid):
+    if passwd_text:
+        for line in passwd_text.splitlines():
+            f = line.split(":")
+            if len(f) >= 7 and f[2] == str(uid) and f[5].startswith("/"):
+                return f[5]
+    return "/"
+
+
+def build(spec, host_env, image_env, gpu_env, home, tty_term=None):
+    env = {"PATH": DEFAULT_PATH, "HOME": home}
+    if tty_term:
+        env["TERM"] = tty_term
+    for key, val in host_env.items():
+        if key in NEVER_PASS:
+            continue
+        if spec.env_host or key.startswith(JOB_PREFIXES):
+            if spec.env_host and key in ("PATH", "HOME"):
+                continue
+            env[key] = val
+    for key, val in image_env:
+        env[key] = val
+    env.update(gpu_env)
+    for path in spec.env_files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            raise UsageError(f"cannot read --env-file {path}", e.strerror,
+                             "give a readable file of KEY=VALUE lines") from None
+        for key, val in parse_env_lines(text, path):
+            env[key] = val
+    for item in spec.env_set:
+        key, eq, val = item.partition("=")
+        if eq:
+            env[key] = val
+        elif key in host_env:
+            env[key] = host_env[key]
+    return env

@@ -1,0 +1,41 @@
+"""One exception family for everything the launcher reports to the user.
+
+Nothing below the CLI prints or exits: code raises SandboxError (or a subclass)
+with a one-line message, an optional hint and the exit code the CLI should use.
+Exit codes follow docker's convention (documented in README.md):
+125 launcher error, 126 command not executable, 127 command not found.
+"""
+
+EXIT_LAUNCHER = 125
+EXIT_CANNOT_EXEC = 126
+EXIT_NOT_FOUND = 127
+
+
+class SandboxError(Exception):
+    """A failure the user can act on: `what` failed because of `why`."""
+
+    def __init__(self, what, why=None, hint=None, code=EXIT_LAUNCHER):
+        super().__init__(what)
+        self.what = what
+        self.why = why
+        self.hint = hint
+        self.code = code
+
+    def line(self):
+        return f"{self.what}: {self.why}" if self.why else self.what
+
+
+class UsageError(SandboxError):
+    """Bad command-line input (an option, a selector, a path)."""
+
+
+class GpuError(SandboxError):
+    """The GPU layer: driver, devices, libraries, selection."""
+
+
+class CgroupError(SandboxError):
+    """The cgroup layer: hierarchy, delegation, controllers, BPF device filter."""
+
+
+class SeccompError(SandboxError):
+    """A seccomp profile that cannot be read or compiled."""

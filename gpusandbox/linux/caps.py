@@ -1,0 +1,67 @@
+"""Capabilities of the command, set with capset(2) and prctl(2) directly.
+
+A non-root command ends with every set empty, the bounding set included, so
+that even a setuid-root or file-capability binary in the image gains nothing
+(no_new_privs blocks the setuid transition, an empty bounding set blocks
+file capabilities).  A root command keeps docker's default set minus
+CAP_MKNOD: no device nodes may be created in the sandbox (CVE-2021-1056).
+"""
+import ctypes
+
+from . import sys as k
+
+CAP_LAST = 40  # CAP_CHECKPOINT_RESTORE; higher numbers are dropped too when present
+
+# capabilities(7) numbers of docker's default set for a root command.
+ROOT_DEFAULT = (
+    0,   # CAP_CHOWN
+    1,   # CAP_DAC_OVERRIDE
+    3,   # CAP_FOWNER
+    4,   # CAP_FSETID
+    5,   # CAP_KILL
+    6,   # CAP_SETGID
+    7,   # CAP_SETUID
+    8,   # CAP_SETPCAP
+    10,  # CAP_NET_BIND_SERVICE
+    13,  # CAP_NET_RAW
+    18,  # CAP_SYS_CHROOT
+    29,  # CAP_AUDIT_WRITE
+    31,  # CAP_SETFCAP
+)
+
+
+class _Hdr(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def last_cap():
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return CAP_LAST
+
+
+def drop_bounding(keep):
+    """Drop every capability not in `keep` from the bounding set (needs
+    CAP_SETPCAP, so it runs before the uid change)."""
+    for cap in range(last_cap() + 1):
+        if cap not in keep:
+            k.prctl(k.PR_CAPBSET_DROP, cap)
+
+
+def set_caps(keep):
+    """Effective = permitted = keep, inheritable empty, ambient cleared."""
+    mask = 0
+    for cap in keep:
+        mask |= 1 << cap
+    hdr = _Hdr(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
+    data = (_Data * 2)(_Data(mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0),
+                       _Data(mask >> 32, mask >> 32, 0))
+    k.syscall("capset", ctypes.byref(hdr), data)
+    k.prctl(k.PR_CAP_AMBIENT, k.PR_CAP_AMBIENT_CLEAR_ALL)

@@ -1,0 +1,94 @@
+"""User-namespace id maps: single-id maps written directly, full ranges
+through the setuid helpers newuidmap/newgidmap (shadow-utils).
+
+user_namespaces(7): an unprivileged process may write a one-line map for its
+own euid/egid into a child's namespace, and the gid map only after writing
+"deny" to setgroups; anything wider needs CAP_SETUID/CAP_SETGID in the parent
+namespace, which is what newuidmap/newgidmap provide from /etc/subuid and
+/etc/subgid.
+"""
+import os
+
+from ..errors import SandboxError
+
+SUBID_HINT = ("add a range for this user to /etc/subuid and /etc/subgid "
+              "(e.g. 'usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER') "
+              "and install the uidmap package, or use the default --userns single")
+
+
+def subid_range(user, uid, path):
+    """First (start, count) range for `user`/`uid` in /etc/subuid or /etc/subgid."""
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.strip().split(":")
+                if len(parts) != 3 or parts[0] not in (user, str(uid)):
+                    continue
+                try:
+                    return int(parts[1]), int(parts[2])
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return None
+
+
+def ranges(inside, outside, sub):
+    """Map `inside` -> `outside` (the caller) plus a subordinate range around it.
+
+    Inside ids 0..count are covered: ids below `inside` and above it come from
+    the subordinate range in order, so files owned by the caller inside keep
+    belonging to the caller on the host."""
+    start, count = sub
+    out = [(inside, outside, 1)]
+    below = min(inside, count)
+    if below:
+        out.append((0, start, below))
+    rest = count - below
+    if rest > 0:
+        out.append((inside + 1, start + below, rest))
+    return out
+
+
+def _fmt(lines):
+    return "".join(f"{a} {b} {c}\n" for a, b, c in lines).encode()
+
+
+def write_single(pid, uid_in, uid_out, gid_in, gid_out, root):
+    """One-id maps written by the launcher itself (no helper binaries)."""
+    base = f"/proc/{pid}/"
+    if not root:
+        _write(base + "setgroups", b"deny")
+    _write(base + "uid_map", _fmt([(uid_in, uid_out, 1)]))
+    _write(base + "gid_map", _fmt([(gid_in, gid_out, 1)]))
+
+
+def write_full(pid, uid_lines, gid_lines, root):
+    """Multi-range maps: root writes them directly; a user goes through
+    newuidmap/newgidmap, which check /etc/subuid and /etc/subgid."""
+    if root:
+        _write(f"/proc/{pid}/uid_map", _fmt(uid_lines))
+        _write(f"/proc/{pid}/gid_map", _fmt(gid_lines))
+        return
+    import subprocess
+    for tool, lines in (("newuidmap", uid_lines), ("newgidmap", gid_lines)):
+        argv = [tool, str(pid)] + [str(x) for line in lines for x in line]
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                               env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"})
+        except FileNotFoundError:
+            raise SandboxError(f"--userns subids: {tool} not found", None, SUBID_HINT) from None
+        if r.returncode != 0:
+            msg = r.stderr.decode(errors="replace").strip().splitlines()
+            raise SandboxError(f"--userns subids: {tool} failed",
+                               msg[-1] if msg else f"exit {r.returncode}", SUBID_HINT)
+
+
+def _write(path, data):
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    except OSError as e:
+        raise SandboxError(f"writing {path}", os.strerror(e.errno)) from None
+    finally:
+        os.close(fd)

@@ -1,0 +1,130 @@
+"""Mount operations that never follow a symlink out of the new root.
+
+Every target inside the root is reached through an O_PATH fd obtained with
+openat2(RESOLVE_IN_ROOT): an absolute or `../..` symlink planted in the image
+resolves inside the root, never on the host (CVE-2024-0132 class).  Mounts
+are attached to those fds with move_mount(MOVE_MOUNT_T_EMPTY_PATH), so there
+is no window between "check the path" and "mount on the path" for a second
+sandbox sharing a writable image to swap a component (check-then-mount race).
+
+Sources are host paths only (options and discovery), opened by the init
+stage before the image's tree is attached.
+"""
+import errno
+import os
+import stat
+
+from . import sys as k
+
+_RES_IN_ROOT = k.RESOLVE_IN_ROOT | k.RESOLVE_NO_MAGICLINKS
+# System mount points (/proc, /dev, ...) must be real directories of the
+# image: a symlink there is refused rather than followed anywhere.
+_RES_STRICT = k.RESOLVE_BENEATH | k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS
+
+
+class MountError(OSError):
+    """An OSError with the container path it concerns."""
+
+
+def _open(rootfd, rel, flags, resolve):
+    return k.openat2(rootfd, rel, flags | k.O_PATH, 0, resolve)
+
+
+def open_target(rootfd, path, kind="dir", create=True, strict=False, mode=0o755):
+    """O_PATH fd of `path` inside the root, creating it (and its parents)
+    when missing: a directory, or an empty regular file for kind="file".
+
+    strict=True refuses symlinks on the way (used for the system mount
+    points).  Creation happens through the parent's fd with O_EXCL/NOFOLLOW,
+    so a racing symlink swap can only make the call fail, never escape."""
+    rel = path.strip("/")
+    resolve = _RES_STRICT if strict else _RES_IN_ROOT
+    if not rel:
+        return os.dup(rootfd)
+    try:
+        fd = _open(rootfd, rel, 0, resolve)
+    except OSError as e:
+        if e.errno == errno.ELOOP and strict:
+            raise MountError(e.errno, f"the image has a symlink at or above {path}; "
+                             "refusing to mount over it") from None
+        if e.errno != errno.ENOENT or not create:
+            raise MountError(e.errno, f"cannot resolve {path} in the root: "
+                             f"{os.strerror(e.errno)}") from None
+        parent, _, name = rel.rpartition("/")
+        pfd = open_target(rootfd, parent, "dir", True, strict)
+        try:
+            try:
+                if kind == "dir":
+                    os.mkdir(name, mode, dir_fd=pfd)
+                else:
+                    os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY
+                                     | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=pfd))
+            except FileExistsError:
+                pass
+            except OSError as e2:
+                raise MountError(e2.errno, f"cannot create mount point {path} in the "
+                                 f"root: {os.strerror(e2.errno)}") from None
+        finally:
+            os.close(pfd)
+        fd = _open(rootfd, rel, 0, resolve)
+    st = os.fstat(fd)
+    is_dir = stat.S_ISDIR(st.st_mode)
+    if (kind == "dir") != is_dir:
+        os.close(fd)
+        want = "a directory" if kind == "dir" else "a file"
+        raise MountError(errno.ENOTDIR if kind == "dir" else errno.EISDIR,
+                         f"mount point {path} in the image is not {want}")
+    return fd
+
+
+def attach(mntfd, targetfd, what):
+    """Attach a detached mount (fsmount/open_tree fd) onto an O_PATH target."""
+    try:
+        k.move_mount(mntfd, targetfd, what)
+    finally:
+        os.close(mntfd)
+        os.close(targetfd)
+
+
+def new_fs(fstype, options=(), attrs=k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV):
+    """A detached, fresh filesystem instance (tmpfs, proc, devpts, overlay)."""
+    fsfd = k.fsopen(fstype)
+    try:
+        for opt in options:
+            key, eq, val = opt.partition("=")
+            k.fsconfig(fsfd, key, val if eq else None)
+        return k.fsmount(fsfd, attrs)
+    finally:
+        os.close(fsfd)
+
+
+def clone_tree(source, recursive=True, dirfd=k.AT_FDCWD):
+    """A detached copy of a host mount subtree (a bind mount not yet attached)."""
+    flags = k.OPEN_TREE_CLONE | k.OPEN_TREE_CLOEXEC
+    if recursive:
+        flags |= k.AT_RECURSIVE
+    if source == "":
+        flags |= k.AT_EMPTY_PATH
+    return k.open_tree(dirfd, source, flags)
+
+
+def restrict(mntfd, ro=True, nosuid=True, nodev=True, noexec=False, recursive=True):
+    attrs = ((k.MOUNT_ATTR_RDONLY if ro else 0) | (k.MOUNT_ATTR_NOSUID if nosuid else 0)
+             | (k.MOUNT_ATTR_NODEV if nodev else 0) | (k.MOUNT_ATTR_NOEXEC if noexec else 0))
+    if attrs:
+        k.mount_setattr(mntfd, attrs, recursive)
+
+
+def open_host_node(host_path, major, minor):
+    """O_PATH fd of a host device node after checking its device number.
+
+    The check runs on the opened inode (fstat), not on the path, so a node
+    swapped between discovery and mount is refused (CVE-2021-1056 class)."""
+    fd = os.open(host_path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) != major \
+            or os.minor(st.st_rdev) != minor:
+        os.close(fd)
+        raise MountError(errno.EINVAL, f"host device {host_path} is not the character "
+                         f"device {major}:{minor}")
+    return fd

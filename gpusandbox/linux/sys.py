@@ -1,0 +1,292 @@
+"""All ctypes declarations for the kernel calls gpusandbox makes.
+
+Every wrapper raises OSError(errno, "<call>(<args>) failed") so that the
+stage that called it can report what failed.  x86_64 and aarch64 syscall
+numbers are listed; other architectures are refused at import of the
+wrappers that need them.
+"""
+import ctypes
+import os
+import platform
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+_MACHINE = platform.machine()
+# Generic (asm-generic) numbers are shared by x86_64 for the new calls (>= 424).
+_NR = {
+    "x86_64": dict(pivot_root=155, unshare=272, setns=308, clone=56, clone3=435,
+                   openat2=437, open_tree=428, move_mount=429, fsopen=430,
+                   fsconfig=431, fsmount=432, mount_setattr=442, bpf=321,
+                   seccomp=317, capget=125, capset=126, pidfd_open=434,
+                   pidfd_send_signal=424, memfd_create=319, close_range=436),
+    "aarch64": dict(pivot_root=41, unshare=97, setns=268, clone=220, clone3=435,
+                    openat2=437, open_tree=428, move_mount=429, fsopen=430,
+                    fsconfig=431, fsmount=432, mount_setattr=442, bpf=280,
+                    seccomp=277, capget=90, capset=91, pidfd_open=434,
+                    pidfd_send_signal=424, memfd_create=279, close_range=436),
+}.get(_MACHINE, {})
+
+_syscall = libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def nr(name):
+    try:
+        return _NR[name]
+    except KeyError:
+        raise OSError(38, f"{name}: no syscall number known for {_MACHINE}") from None
+
+
+def syscall(name, *args):
+    """Raw syscall; returns the result or raises OSError naming the call."""
+    res = _syscall(ctypes.c_long(nr(name)), *args)
+    if res == -1:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{name} failed: {os.strerror(e)}")
+    return res
+
+
+def _check(res, what):
+    if res == -1:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what} failed: {os.strerror(e)}")
+    return res
+
+
+# --- mount(2) family -------------------------------------------------------
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_MOVE = 0x2000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MS_STRICTATIME = 1 << 24
+MNT_DETACH = 2
+
+libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                       ctypes.c_ulong, ctypes.c_char_p)
+libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+
+
+def _b(s):
+    if s is None:
+        return None
+    return s if isinstance(s, bytes) else os.fsencode(s)
+
+
+def mount(source, target, fstype, flags=0, data=None):
+    res = libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data))
+    return _check(res, f"mount({source}, {target}, {fstype})")
+
+
+def umount2(target, flags=0):
+    return _check(libc.umount2(_b(target), flags), f"umount2({target})")
+
+
+def pivot_root(new_root, put_old):
+    return syscall("pivot_root", _b(new_root), _b(put_old))
+
+
+# --- namespaces --------------------------------------------------------------
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_INTO_CGROUP = 0x200000000
+CLONE_PIDFD = 0x00001000
+
+
+def unshare(flags):
+    return syscall("unshare", ctypes.c_int(flags))
+
+
+class _CloneArgs(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("pidfd", ctypes.c_uint64),
+                ("child_tid", ctypes.c_uint64), ("parent_tid", ctypes.c_uint64),
+                ("exit_signal", ctypes.c_uint64), ("stack", ctypes.c_uint64),
+                ("stack_size", ctypes.c_uint64), ("tls", ctypes.c_uint64),
+                ("set_tid", ctypes.c_uint64), ("set_tid_size", ctypes.c_uint64),
+                ("cgroup", ctypes.c_uint64)]
+
+
+_pyapi = ctypes.pythonapi
+
+
+def clone_fork(flags, cgroup_fd=-1):
+    """fork()-like clone3 with namespace flags (and CLONE_INTO_CGROUP when a
+    cgroup dir fd is given).  Returns 0 in the child, the pid in the parent.
+
+    No stack is passed, so the child runs on a copy-on-write copy of the
+    caller's stack exactly as after fork(); Python's own fork hooks run
+    around it so the interpreter state in the child is sound."""
+    args = _CloneArgs()
+    args.flags = flags
+    args.exit_signal = 17  # SIGCHLD
+    if cgroup_fd >= 0:
+        args.flags |= CLONE_INTO_CGROUP
+        args.cgroup = cgroup_fd
+    _pyapi.PyOS_BeforeFork()
+    res = _syscall(ctypes.c_long(nr("clone3")), ctypes.byref(args),
+                   ctypes.c_size_t(ctypes.sizeof(args)))
+    e = ctypes.get_errno()
+    if res == 0:
+        _pyapi.PyOS_AfterFork_Child()
+        return 0
+    _pyapi.PyOS_AfterFork_Parent()
+    if res == -1:
+        raise OSError(e, f"clone3 failed: {os.strerror(e)}")
+    return res
+
+
+# --- openat2 -------------------------------------------------------------------
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
+
+O_PATH = 0o10000000
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+AT_FDCWD = -100
+
+
+def openat2(dirfd, path, flags, mode=0, resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS):
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    res = _syscall(ctypes.c_long(nr("openat2")), ctypes.c_int(dirfd), _b(path),
+                   ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if res == -1:
+        e = ctypes.get_errno()
+        raise OSError(e, f"openat2({path}) failed: {os.strerror(e)}", path)
+    return res
+
+
+def read_in_root(root, path, limit=64 << 20):
+    """Read a file of an untrusted tree (an image) from the host side.
+
+    The path is resolved with the tree as its root (RESOLVE_IN_ROOT), so an
+    absolute or ../ symlink in the image stays inside it, and magic links
+    (/proc/self/...) are refused.  Returns None when the file is missing."""
+    rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fd = openat2(rootfd, path.lstrip("/"), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno in (2, 20, 40):  # ENOENT, ENOTDIR, ELOOP
+                return None
+            raise
+        try:
+            import stat as _stat
+            st = os.fstat(fd)
+            if not _stat.S_ISREG(st.st_mode):
+                return None
+            chunks, left = [], limit
+            while left > 0:
+                b = os.read(fd, min(left, 1 << 20))
+                if not b:
+                    break
+                chunks.append(b)
+                left -= len(b)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(rootfd)
+
+
+# --- prctl -----------------------------------------------------------------------
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong,
+                       ctypes.c_ulong, ctypes.c_ulong)
+
+
+def prctl(option, a2=0, a3=0, a4=0, a5=0):
+    return _check(libc.prctl(option, a2, a3, a4, a5), f"prctl({option})")
+
+
+# --- the new mount API (Linux >= 5.2; mount_setattr >= 5.12) ---------------
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = 0o2000000
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+AT_SYMLINK_NOFOLLOW = 0x100
+MOVE_MOUNT_F_EMPTY_PATH = 0x04
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+FSOPEN_CLOEXEC = 1
+FSMOUNT_CLOEXEC = 1
+FSCONFIG_SET_FLAG = 0
+FSCONFIG_SET_STRING = 1
+FSCONFIG_CMD_CREATE = 6
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_NOEXEC = 0x8
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def open_tree(dirfd, path, flags):
+    return syscall("open_tree", ctypes.c_int(dirfd), _b(path), ctypes.c_uint(flags))
+
+
+def move_mount(from_fd, to_fd, what="move_mount"):
+    res = _syscall(ctypes.c_long(nr("move_mount")), ctypes.c_int(from_fd), b"",
+                   ctypes.c_int(to_fd), b"",
+                   ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH))
+    return _check(res, what)
+
+
+def mount_setattr(fd, attr_set, recursive=True, attr_clr=0):
+    attr = _MountAttr(attr_set, attr_clr, 0, 0)
+    flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
+    return syscall("mount_setattr", ctypes.c_int(fd), b"", ctypes.c_uint(flags),
+                   ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+
+
+def fsopen(fstype):
+    return syscall("fsopen", _b(fstype), ctypes.c_uint(FSOPEN_CLOEXEC))
+
+
+def fsconfig(fd, key, value=None):
+    if value is None:
+        return syscall("fsconfig", ctypes.c_int(fd), ctypes.c_uint(FSCONFIG_SET_FLAG),
+                       _b(key), None, ctypes.c_int(0))
+    return syscall("fsconfig", ctypes.c_int(fd), ctypes.c_uint(FSCONFIG_SET_STRING),
+                   _b(key), _b(value), ctypes.c_int(0))
+
+
+def fsmount(fsfd, attrs=0):
+    syscall("fsconfig", ctypes.c_int(fsfd), ctypes.c_uint(FSCONFIG_CMD_CREATE),
+            None, None, ctypes.c_int(0))
+    return syscall("fsmount", ctypes.c_int(fsfd), ctypes.c_uint(FSMOUNT_CLOEXEC),
+                   ctypes.c_uint(attrs))
+
+
+def sethostname(name):
+    n = _b(name)
+    return _check(libc.sethostname(n, ctypes.c_size_t(len(n))), "sethostname")

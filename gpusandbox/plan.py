@@ -1,0 +1,221 @@
+"""RunSpec + host facts -> LaunchPlan, pure data computed before any fork.
+
+Everything that can fail because of user input or the host fails here, with
+a clear message, before a namespace exists.  The stages read only the plan.
+"""
+import os
+import stat
+
+from . import environ as envmod
+from .edits import ContainerEdits
+from .errors import SandboxError, UsageError
+from .linux import sys as k
+
+STD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+# runc's masked and read-only /proc and /sys paths (facts from its defaults).
+MASKED_FILES = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
+                "/proc/latency_stats", "/proc/timer_stats")
+MASKED_DIRS = ("/proc/acpi", "/proc/scsi", "/proc/asound", "/sys/firmware",
+               "/sys/devices/virtual/powercap")
+READONLY_PATHS = ("/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/sysrq-trigger")
+USERNS_HINT = ("user namespaces look disabled here: enable them with "
+               "'sysctl -w kernel.unprivileged_userns_clone=1' and "
+               "'sysctl -w user.max_user_namespaces=15000', or on Ubuntu allow them with "
+               "'sysctl -w kernel.apparmor_restrict_unprivileged_userns=0'; "
+               "'gpusandbox doctor' checks this")
+
+
+class LaunchPlan:
+    __slots__ = ("spec", "rootfs", "clone_flags", "userns", "idmap", "cmd_uid", "cmd_gid",
+                 "clear_groups", "caps", "env", "argv", "workdir", "hostname", "binds",
+                 "edits", "seccomp", "device_rules", "notes", "real_root", "devpts_gid",
+                 "warnings")
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.notes = []
+        self.warnings = []
+        self.edits = ContainerEdits()
+        self.device_rules = None
+        self.seccomp = None
+
+
+def _image_root(image):
+    """IMAGE_DIR is a rootfs, or an OCI bundle (config.json + rootfs/)."""
+    try:
+        st = os.stat(image)
+    except FileNotFoundError:
+        raise UsageError(f"image directory not found: {image}", None,
+                         "pass a directory holding a root filesystem "
+                         "(e.g. from 'docker export' or debootstrap)") from None
+    except OSError as e:
+        raise UsageError(f"cannot access image directory {image}", e.strerror, None) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"image is not a directory: {image}", None,
+                         "IMAGE_DIR must be an unpacked root filesystem directory, not a file")
+    image = os.path.abspath(image)
+    bundle_root = os.path.join(image, "rootfs")
+    config = None
+    if os.path.isfile(os.path.join(image, "config.json")) and os.path.isdir(bundle_root):
+        config = k.read_in_root(image, "config.json", 4 << 20)
+        image = bundle_root
+    if not any(os.path.isdir(os.path.join(image, d)) for d in ("bin", "usr/bin", "sbin")):
+        raise UsageError(f"{image} does not look like a root filesystem",
+                         "it has no /bin, /usr/bin or /sbin",
+                         "point IMAGE_DIR at the top of an unpacked image")
+    return image, config
+
+
+def _image_env(rootfs, config):
+    """(env items, workdir) from the bundle's config.json or /etc/environment."""
+    if config is not None:
+        import json
+        try:
+            proc = json.loads(config).get("process") or {}
+            items = []
+            for item in proc.get("env") or []:
+                key, eq, val = str(item).partition("=")
+                if eq and key:
+                    items.append((key, val))
+            cwd = proc.get("cwd")
+            return items, cwd if isinstance(cwd, str) and cwd.startswith("/") else None
+        except (ValueError, AttributeError):
+            raise UsageError(f"invalid OCI config.json next to {rootfs}", "not a JSON object",
+                             "fix the bundle's config.json or point at its rootfs/") from None
+    text = k.read_in_root(rootfs, "/etc/environment", 1 << 20)
+    if not text:
+        return [], None
+    try:
+        return envmod.parse_env_lines(text.decode("utf-8", "replace"),
+                                      rootfs + "/etc/environment"), None
+    except UsageError:
+        # A malformed image file is the image author's problem, not a reason to
+        # refuse the launch: keep the lines that parse.
+        good = []
+        for line in text.decode("utf-8", "replace").splitlines():
+            key, eq, val = line.strip().partition("=")
+            if eq and key and all(c.isalnum() or c == "_" for c in key):
+                good.append((key, val.strip("\"'")))
+        return good, None
+
+
+def _identity(plan, spec):
+    real_root = os.geteuid() == 0
+    plan.real_root = real_root
+    uid, gid = os.geteuid(), os.getegid()
+    mode = spec.userns
+    if mode == "auto":
+        mode = "host" if real_root else "single"
+    if mode == "host" and not real_root:
+        raise UsageError("--userns host needs real root", None,
+                         "drop the option: rootless runs always use a user namespace")
+    if spec.user is not None and not (real_root and mode == "host"):
+        raise UsageError("--user needs real root without a user namespace", None,
+                         "rootless runs keep your uid; use --root for uid 0 inside")
+    plan.userns = mode
+    plan.idmap = None
+    plan.clear_groups = False
+    plan.devpts_gid = None
+    if mode == "host":
+        plan.cmd_uid, plan.cmd_gid = spec.user if spec.user else (0, 0)
+        plan.clear_groups = True
+        plan.devpts_gid = 5
+    else:
+        inside_uid = 0 if (spec.fakeroot or real_root) else uid
+        inside_gid = 0 if (spec.fakeroot or real_root) else gid
+        plan.cmd_uid, plan.cmd_gid = inside_uid, inside_gid
+        if mode == "single":
+            plan.idmap = ("single", inside_uid, uid, inside_gid, gid)
+        else:
+            from .linux import idmap
+            import pwd
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                name = str(uid)
+            su = idmap.subid_range(name, uid, "/etc/subuid")
+            sg = idmap.subid_range(name, uid, "/etc/subgid")
+            if not su or not sg:
+                raise SandboxError(f"--userns subids: no subordinate id range for {name}",
+                                   None, idmap.SUBID_HINT)
+            plan.idmap = ("full", idmap.ranges(inside_uid, uid, su),
+                          idmap.ranges(inside_gid, gid, sg))
+            plan.clear_groups = True
+    from .linux.caps import ROOT_DEFAULT
+    plan.caps = ROOT_DEFAULT if plan.cmd_uid == 0 else ()
+    flags = (k.CLONE_NEWNS | k.CLONE_NEWPID | k.CLONE_NEWUTS | k.CLONE_NEWIPC
+             | k.CLONE_NEWCGROUP)
+    if mode != "host":
+        flags |= k.CLONE_NEWUSER
+    if spec.net == "none":
+        flags |= k.CLONE_NEWNET
+    plan.clone_flags = flags
+
+
+def _check_binds(spec):
+    for b in spec.binds:
+        try:
+            os.stat(b.src)
+        except FileNotFoundError:
+            raise UsageError(f"bind source not found: {b.src}", None,
+                             "create it first or fix the path given to -v/--bind") from None
+        except OSError as e:
+            raise UsageError(f"cannot access bind source {b.src}", e.strerror, None) from None
+
+
+def _gpu(plan, spec, rootfs, image_env, host_env):
+    """GPU discovery, selection and injection, only when this launch asks."""
+    gpus = spec.gpus
+    if gpus is None and not host_env.get("NVIDIA_VISIBLE_DEVICES") \
+            and not host_env.get("SLURM_JOB_ID"):
+        return {}  # the plain launch: no GPU module is even imported
+    from .gpu import select
+    if gpus is None:
+        try:
+            from . import slurm
+            if slurm.in_gpu_step(host_env):
+                gpus = "auto"
+        except ImportError:
+            pass
+    if not select.needs_gpu(gpus, host_env):
+        return {}
+    from .gpu import discover, inject
+    host = discover.discover(spec.driver_root or "/", spec.dev_root)
+    sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
+    if sel is None:
+        return {}
+    if not spec.no_require:
+        from .gpu import require
+        warn = require.check(dict(image_env), rootfs, host, host_env)
+        if warn:
+            plan.warnings.append(warn)
+    else:
+        plan.warnings.append("--no-require: the image's CUDA requirement was not checked")
+    edits = inject.build_edits(host, sel, rootfs, host_env)
+    plan.edits.extend(edits)
+    plan.device_rules = inject.device_rules(host, sel)
+    return edits.env
+
+
+def build(spec, host_env=None):
+    host_env = os.environ if host_env is None else host_env
+    plan = LaunchPlan(spec)
+    rootfs, config = _image_root(spec.image)
+    plan.rootfs = rootfs
+    _identity(plan, spec)
+    _check_binds(spec)
+    image_env, image_cwd = _image_env(rootfs, config)
+    gpu_env = _gpu(plan, spec, rootfs, image_env, host_env)
+    passwd = k.read_in_root(rootfs, "/etc/passwd", 4 << 20)
+    home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
+                              plan.cmd_uid)
+    term = host_env.get("TERM", "xterm") if spec.tty else None
+    plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term)
+    plan.argv = spec.argv
+    plan.workdir = spec.workdir or image_cwd or "/"
+    plan.hostname = spec.hostname or "gpusandbox"
+    plan.binds = spec.binds
+    if spec.seccomp != "unconfined":
+        from .linux import seccomp
+        plan.seccomp = seccomp.compile_profile(spec.seccomp)
+    return plan

@@ -1,0 +1,65 @@
+"""RunSpec: what the user asked `gpusandbox run` for, parsed but not yet
+checked against the host.  Plain __slots__ classes: built on every launch,
+where attrs' import cost (~20 ms) would double the launcher's own time."""
+
+
+class Bind:
+    __slots__ = ("src", "dst", "rw")
+
+    def __init__(self, src, dst, rw=True):
+        self.src = src
+        self.dst = dst
+        self.rw = rw
+
+    def __repr__(self):
+        return f"Bind({self.src!r}:{self.dst!r}:{'rw' if self.rw else 'ro'})"
+
+
+class RunSpec:
+    __slots__ = (
+        "image", "argv",
+        # namespaces and identity
+        "net", "userns", "fakeroot", "user", "hostname",
+        # root filesystem
+        "rootfs_mode", "binds",
+        # process
+        "workdir", "env_set", "env_files", "env_host", "tty", "verbose",
+        # GPU
+        "gpus", "gpu_caps", "driver_root", "dev_root", "no_require",
+        # cgroup
+        "cgroup_parent", "memory", "memory_swap", "pids_limit", "cpus", "best_effort",
+        # security
+        "seccomp",
+        # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE)
+        "pause_at",
+    )
+
+    def __init__(self):
+        self.image = None
+        self.argv = []
+        self.net = "host"            # host | none
+        self.userns = "auto"         # auto | single | subids | host
+        self.fakeroot = False        # --root
+        self.user = None             # (uid, gid) under real root
+        self.hostname = None
+        self.rootfs_mode = "ro"      # ro | tmpfs-overlay | rw
+        self.binds = []
+        self.workdir = None
+        self.env_set = []            # -e items in order: "K=V" or "K"
+        self.env_files = []
+        self.env_host = False
+        self.tty = False
+        self.verbose = False
+        self.gpus = None
+        self.gpu_caps = None
+        self.driver_root = None
+        self.dev_root = None
+        self.no_require = False
+        self.cgroup_parent = None
+        self.memory = None
+        self.memory_swap = None
+        self.pids_limit = None
+        self.cpus = None
+        self.best_effort = False
+        self.seccomp = "default"
+        self.pause_at = None

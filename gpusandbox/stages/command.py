@@ -1,0 +1,80 @@
+"""Stage 3: the command.  Forked by init after the pivot; drops everything
+and execs.  Order matters and each step says why it sits where it does."""
+import errno
+import os
+
+from ..linux import caps
+from ..linux import sys as k
+from .channel import fail, pause_point
+
+_TIOCSCTTY = 0x540E
+_CLOSE_RANGE_CLOEXEC = 4
+
+
+def _lookup(argv0, path_var):
+    """The command on the image's PATH (execvp(3) rules)."""
+    if "/" in argv0:
+        return argv0
+    for d in (path_var or "").split(":"):
+        cand = os.path.join(d or ".", argv0)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    for d in (path_var or "").split(":"):
+        cand = os.path.join(d or ".", argv0)
+        if os.path.exists(cand):
+            return cand  # exists but not executable: execve reports EACCES -> 126
+    return None
+
+
+def run(plan, err_w, wdfd, tty_slave):
+    step = "starting the command"
+    try:
+        import _signal
+        # init blocks the forwarded signals for sigwaitinfo(); the mask is
+        # inherited across execve, so clear it or the command never sees them.
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+        # Own session: the command cannot reach the caller's terminal with
+        # TIOCSTI (it is no longer its controlling terminal).
+        os.setsid()
+        if tty_slave is not None:
+            k.libc.ioctl(tty_slave, _TIOCSCTTY, 0)
+            for fd in (0, 1, 2):
+                os.dup2(tty_slave, fd)
+            if tty_slave > 2:
+                os.close(tty_slave)
+        step = f"entering the working directory {plan.workdir}"
+        os.fchdir(wdfd)
+        os.close(wdfd)
+        step = "dropping privileges"
+        # The bounding set needs CAP_SETPCAP, which the uid change may take away.
+        caps.drop_bounding(plan.caps)
+        if plan.clear_groups:
+            os.setgroups([])
+        os.setresgid(plan.cmd_gid, plan.cmd_gid, plan.cmd_gid)
+        os.setresuid(plan.cmd_uid, plan.cmd_uid, plan.cmd_uid)
+        caps.set_caps(plan.caps)
+        k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
+        # Every fd but stdio (and the error pipe, already CLOEXEC) is closed by
+        # the execve: no host directory fd survives into the image (CVE-2024-21626).
+        k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
+        pause_point(plan, "before-exec")
+        path = _lookup(plan.argv[0], plan.env.get("PATH"))
+        if path is None:
+            fail(err_w, 127, f"command not found in the image: {plan.argv[0]}", None,
+                 "check the image's PATH (-e PATH=...) or give the full path")
+        step = f"executing {plan.argv[0]}"
+        # Last: after seccomp only the syscalls the profile allows remain.
+        if plan.seccomp is not None:
+            from ..linux import seccomp
+            seccomp.install(plan.seccomp)
+        os.execve(path, plan.argv, plan.env)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR) and step.startswith("executing"):
+            fail(err_w, 127, f"cannot execute {plan.argv[0]}", e.strerror,
+                 "the file or its interpreter (#! line) is missing in the image")
+        if step.startswith("executing"):
+            fail(err_w, 126, f"cannot execute {plan.argv[0]}", e.strerror,
+                 "make it executable, or check that it is a program for this architecture")
+        fail(err_w, 125, step, e.strerror or str(e))
+    except Exception as e:  # noqa: BLE001
+        fail(err_w, 125, step, f"{type(e).__name__}: {e}")

@@ -1,0 +1,301 @@
+"""Stage 2: the sandbox's init (pid 1 of the new pid namespace).
+
+Builds the new root from the plan, pivots into it, starts the command and
+then only forwards signals and reaps.  Runs in the child of clone3(); every
+failure travels to the launcher as one line over the error pipe and ends
+this process with 125.
+"""
+import os
+
+from ..linux import mounts as m
+from ..linux import sys as k
+from . import command
+from .channel import fail, pause_point
+
+_SIGCHLD = 17
+FORWARDED = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM
+
+
+def _open_sources(plan):
+    """Clone every host source before the image's tree is attached, so that
+    no source can ever be a path inside the image, and a later mount cannot
+    shadow one (a -v source under /tmp stays reachable)."""
+    src = {}
+    for name in ("null", "zero", "full", "random", "urandom", "tty"):
+        src["dev:" + name] = m.clone_tree("/dev/" + name, recursive=False)
+    src["sys"] = m.clone_tree("/sys", recursive=True)
+    nodes = []
+    for node in plan.edits.device_nodes:
+        fd = m.open_host_node(node.host_path, node.major, node.minor)
+        try:
+            nodes.append((node, m.clone_tree("", recursive=False, dirfd=fd)))
+        finally:
+            os.close(fd)
+    mounts = [(mnt, m.clone_tree(mnt.host_path, recursive=False))
+              for mnt in plan.edits.mounts]
+    binds = [(b, m.clone_tree(b.src, recursive=True)) for b in plan.binds]
+    return src, nodes, mounts, binds
+
+
+def _rootfs(plan):
+    """The image's tree attached over its own path in this private mount
+    namespace: an overlay on a fresh tmpfs (default, --writable-tmpfs) or the
+    directory itself (--rw).  IMAGE_DIR on disk is only ever a lower layer."""
+    attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
+    if plan.spec.rootfs_mode == "rw":
+        mnt = m.clone_tree(plan.rootfs, recursive=True)
+        m.restrict(mnt, ro=False)
+    else:
+        scratch = m.new_fs("tmpfs", ("mode=0755",), attrs)
+        os.mkdir("upper", 0o755, dir_fd=scratch)
+        os.mkdir("work", 0o755, dir_fd=scratch)
+        top = f"/proc/self/fd/{scratch}"
+        opts = [f"lowerdir={plan.rootfs}", f"upperdir={top}/upper", f"workdir={top}/work"]
+        if plan.userns != "host":
+            # trusted.* xattrs cannot be set in a user namespace (overlayfs docs).
+            opts.append("userxattr")
+        try:
+            mnt = m.new_fs("overlay", opts, attrs)
+        finally:
+            os.close(scratch)
+    target = os.open(plan.rootfs, k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    m.attach(mnt, target, f"attaching the root filesystem over {plan.rootfs}")
+    return os.open(plan.rootfs, k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _system_mounts(plan, rootfd, src):
+    tgt = m.open_target
+    m.attach(m.new_fs("proc", (), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC),
+             tgt(rootfd, "/proc", strict=True), "mounting /proc")
+    sysfd = src.pop("sys")
+    m.restrict(sysfd, ro=True, noexec=True)
+    m.attach(sysfd, tgt(rootfd, "/sys", strict=True), "binding /sys read-only")
+    m.attach(m.new_fs("tmpfs", ("mode=0755", "size=4m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
+             tgt(rootfd, "/dev", strict=True), "mounting /dev")
+    for name in ("null", "zero", "full", "random", "urandom", "tty"):
+        m.attach(src.pop("dev:" + name), tgt(rootfd, "/dev/" + name, "file", strict=True),
+                 f"binding /dev/{name}")
+    pts = ["newinstance", "ptmxmode=0666", "mode=0620"]
+    if plan.devpts_gid is not None:
+        pts.append(f"gid={plan.devpts_gid}")
+    m.attach(m.new_fs("devpts", pts, k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
+             tgt(rootfd, "/dev/pts", strict=True), "mounting /dev/pts")
+    devfd = tgt(rootfd, "/dev", strict=True)
+    try:
+        for name, target in (("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"),
+                             ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                             ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore")):
+            os.symlink(target, name, dir_fd=devfd)
+    finally:
+        os.close(devfd)
+    tmp_attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
+    for path, mode in (("/dev/shm", "1777"), ("/tmp", "1777"), ("/run", "0755")):
+        m.attach(m.new_fs("tmpfs", (f"mode={mode}",), tmp_attrs),
+                 tgt(rootfd, path, strict=True), f"mounting {path}")
+
+
+def _apply_edits(plan, rootfd, nodes, mounts):
+    """GPU (or CDI) edits, in the order the edits module documents."""
+    edits = plan.edits
+    tgt = m.open_target
+    for t in edits.tmpfs:
+        fd = m.new_fs("tmpfs", ("mode=0755", "size=1m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
+                      | k.MOUNT_ATTR_NOEXEC)
+        m.attach(fd, tgt(rootfd, t.path), f"mounting a tmpfs at {t.path}")
+    for node, fd in nodes:
+        m.restrict(fd, ro=False, nodev=False, recursive=False)
+        m.attach(fd, tgt(rootfd, node.path, "file"), f"binding device {node.host_path}")
+    for mnt, fd in mounts:
+        kind = "dir" if os.path.isdir(mnt.host_path) else "file"
+        m.restrict(fd, ro="rw" not in mnt.options, nosuid="nosuid" in mnt.options,
+                   nodev="nodev" in mnt.options, noexec="noexec" in mnt.options)
+        m.attach(fd, tgt(rootfd, mnt.path, kind), f"binding {mnt.host_path} at {mnt.path}")
+    for link in edits.symlinks:
+        parent, _, name = link.path.rpartition("/")
+        pfd = tgt(rootfd, parent or "/")
+        try:
+            try:
+                if os.readlink(name, dir_fd=pfd) == link.target:
+                    continue
+                os.unlink(name, dir_fd=pfd)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                # A non-link of that name in the image: replace it.
+                os.unlink(name, dir_fd=pfd)
+            os.symlink(link.target, name, dir_fd=pfd)
+        finally:
+            os.close(pfd)
+    if edits.files:
+        stage = m.new_fs("tmpfs", ("mode=0755", "size=16m"), k.MOUNT_ATTR_NOSUID
+                         | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
+        try:
+            for i, f in enumerate(edits.files):
+                name = f"f{i}"
+                fd = os.open(name, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, f.mode, dir_fd=stage)
+                os.write(fd, f.content)
+                os.close(fd)
+                clone = m.clone_tree(name, recursive=False, dirfd=stage)
+                m.restrict(clone, ro=True, noexec=True)
+                m.attach(clone, tgt(rootfd, f.path, "file"), f"placing {f.path}")
+        finally:
+            os.close(stage)
+    for t in edits.tmpfs:
+        if t.ro:
+            fd = tgt(rootfd, t.path)
+            try:
+                k.mount_setattr(fd, k.MOUNT_ATTR_RDONLY, recursive=False)
+            finally:
+                os.close(fd)
+
+
+def _user_binds(rootfd, binds):
+    for b, fd in binds:
+        kind = "dir" if os.path.isdir(b.src) else "file"
+        m.restrict(fd, ro=not b.rw, nodev=True, nosuid=True)
+        m.attach(fd, m.open_target(rootfd, b.dst, kind), f"binding {b.src} at {b.dst}")
+
+
+def _mask(rootfd):
+    """Hide or freeze the kernel interfaces runc hides by default."""
+    for path in ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
+                 "/proc/latency_stats", "/proc/timer_stats"):
+        try:
+            target = m.open_target(rootfd, path, "file", create=False, strict=True)
+        except OSError:
+            continue
+        null = m.clone_tree("dev/null", recursive=False, dirfd=rootfd)
+        m.attach(null, target, f"masking {path}")
+    for path in ("/proc/acpi", "/proc/scsi", "/proc/asound", "/sys/firmware",
+                 "/sys/devices/virtual/powercap"):
+        try:
+            target = m.open_target(rootfd, path, "dir", create=False, strict=True)
+        except OSError:
+            continue
+        empty = m.new_fs("tmpfs", ("size=0", "mode=0555"), k.MOUNT_ATTR_RDONLY
+                         | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
+        m.attach(empty, target, f"masking {path}")
+    for path in ("/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/sysrq-trigger"):
+        try:
+            target = m.open_target(rootfd, path, "dir" if path != "/proc/sysrq-trigger"
+                                   else "file", create=False, strict=True)
+        except OSError:
+            continue
+        clone = m.clone_tree("", recursive=True, dirfd=target)
+        m.restrict(clone, ro=True, noexec=True)
+        m.attach(clone, target, f"making {path} read-only")
+
+
+def _pivot(rootfd):
+    # pivot_root(".", ".") stacks the old root under the new one; detaching it
+    # leaves nothing of the host's tree reachable (pivot_root(2), NOTES).
+    os.fchdir(rootfd)
+    k.pivot_root(".", ".")
+    k.umount2(".", k.MNT_DETACH)
+    os.chdir("/")
+
+
+def _loopback_up():
+    # pyroute2 costs ~90 ms to import: only launches with --net none pay it.
+    from pyroute2 import IPRoute
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname="lo")
+        ipr.link("set", index=idx[0], state="up")
+
+
+def run(plan, go_r, err_w, tty_slave):
+    """Entry of the clone3() child; never returns."""
+    step = "starting"
+    try:
+        # Die with the launcher.  The go pipe closes the race: a launcher that
+        # died before this prctl leaves an EOF there instead of a "G".
+        k.prctl(k.PR_SET_PDEATHSIG, 9)
+        if os.read(go_r, 1) != b"G":
+            os._exit(125)
+        os.close(go_r)
+        # Leave the caller's process group and session: keyboard signals reach
+        # the launcher only, which forwards them once.
+        os.setsid()
+        # Not dumpable: the command cannot open /proc/1/exe, /proc/1/fd/* or
+        # ptrace this process (CVE-2019-5736 class).  After the id maps, which
+        # the launcher writes into /proc/<pid> of a still-dumpable child.
+        k.prctl(4, 0)  # PR_SET_DUMPABLE
+        pause_point(plan, "init-start")
+        step = "setting the hostname"
+        k.sethostname(plan.hostname)
+        step = "making the mount tree private"
+        k.mount(None, "/", None, k.MS_REC | k.MS_SLAVE)
+        step = "opening host sources"
+        src, nodes, mounts, binds = _open_sources(plan)
+        step = "building the root filesystem"
+        rootfd = _rootfs(plan)
+        step = "mounting /proc, /sys, /dev, /tmp, /run"
+        _system_mounts(plan, rootfd, src)
+        pause_point(plan, "init-mounts")
+        step = "injecting GPU devices and driver files"
+        _apply_edits(plan, rootfd, nodes, mounts)
+        step = "bind-mounting -v sources"
+        _user_binds(rootfd, binds)
+        step = "masking /proc and /sys paths"
+        _mask(rootfd)
+        step = f"opening the working directory {plan.workdir}"
+        wdfd = m.open_target(rootfd, plan.workdir, "dir", create=True)
+        if plan.spec.rootfs_mode == "ro":
+            step = "making the root filesystem read-only"
+            k.mount_setattr(rootfd, k.MOUNT_ATTR_RDONLY, recursive=False)
+        step = "pivoting into the root filesystem"
+        _pivot(rootfd)
+        os.close(rootfd)
+        if plan.spec.net == "none":
+            step = "bringing up loopback"
+            _loopback_up()
+        step = "starting the command"
+        pid = os.fork()
+        if pid == 0:
+            command.run(plan, err_w, wdfd, tty_slave)
+        os.close(err_w)
+        os.close(wdfd)
+        if tty_slave is not None:
+            os.close(tty_slave)
+    except OSError as e:
+        fail(err_w, 125, step, e.strerror or str(e), _hint(e, step))
+    except Exception as e:  # noqa: BLE001 - any failure must reach the user as one line
+        fail(err_w, 125, step, f"{type(e).__name__}: {e}")
+    os._exit(_reap(pid))
+
+
+def _hint(e, step):
+    import errno
+    if e.errno == errno.EPERM and "root filesystem" in step:
+        return ("the kernel refused the overlay or bind over IMAGE_DIR; "
+                "try --rw, or check 'gpusandbox doctor'")
+    if e.errno == errno.ELOOP or "symlink" in str(e):
+        return "the image has a symlink where the sandbox needs a directory; fix the image"
+    return None
+
+
+def _reap(cmd_pid):
+    """Forward signals to the command, reap every orphan, and return the
+    command's status (128+N when signal N killed it)."""
+    import _signal
+    waitset = set(FORWARDED) | {_SIGCHLD}
+    while True:
+        info = _signal.sigwaitinfo(waitset)
+        sig = info.si_signo
+        if sig != _SIGCHLD:
+            try:
+                os.kill(cmd_pid, sig)
+            except ProcessLookupError:
+                pass
+            continue
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return 125
+            if pid == 0:
+                break
+            if pid == cmd_pid:
+                if os.WIFSIGNALED(status):
+                    return 128 + os.WTERMSIG(status)
+                return os.WEXITSTATUS(status)

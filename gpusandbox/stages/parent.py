@@ -1,0 +1,238 @@
+"""Stage 1: the launcher.  Stays on the host, outside every namespace.
+
+plan -> cgroup leaf -> clone3 -> id maps -> "go" -> supervise -> teardown.
+"""
+import os
+import sys
+
+from .. import plan as planmod
+from ..errors import SandboxError
+from ..linux import sys as k
+from . import channel
+
+_SIGCHLD = 17
+_SIGWINCH = 28
+FORWARDED = (1, 2, 3, 10, 12, 15)
+
+
+def _say(msg):
+    sys.stderr.write(f"gpusandbox: {msg}\n")
+
+
+def _cgroup(plan, spec):
+    """A leaf for the sandbox when this launch can have one (root, or a
+    delegated subtree) or asked for limits.  None when cgroups are out of
+    reach and nothing requires them."""
+    try:
+        from ..linux import cgroup
+    except ImportError:
+        return None
+    limits = None
+    if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
+        limits = cgroup.Limits(memory=spec.memory, memory_swap=spec.memory_swap,
+                               pids=spec.pids_limit, cpus=spec.cpus)
+    return cgroup.prepare(parent=spec.cgroup_parent, limits=limits,
+                          device_rules=plan.device_rules, best_effort=spec.best_effort)
+
+
+def _clone_error(e, plan):
+    hint = None
+    if plan.clone_flags & k.CLONE_NEWUSER and e.errno in (1, 28, 22):
+        hint = planmod.USERNS_HINT
+    return SandboxError("creating the sandbox's namespaces (clone3)", e.strerror, hint)
+
+
+def _write_maps(plan, pid):
+    from ..linux import idmap
+    if plan.idmap is None:
+        return
+    if plan.idmap[0] == "single":
+        _, uin, uout, gin, gout = plan.idmap
+        idmap.write_single(pid, uin, uout, gin, gout, plan.real_root)
+    else:
+        idmap.write_full(pid, plan.idmap[1], plan.idmap[2], plan.real_root)
+
+
+def launch(spec):
+    import _signal
+    plan = planmod.build(spec)
+    for w in plan.warnings:
+        _say(f"warning: {w}")
+    tty = None
+    if spec.tty and os.isatty(0):
+        master, slave = os.openpty()
+        tty = (master, slave)
+    cg = _cgroup(plan, spec)
+    if spec.verbose:
+        for note in (cg.notes if cg else ["cgroup: none (the cgroup layer is not available)"]):
+            _say(note)
+        for note in plan.notes:
+            _say(note)
+    status = 125
+    pid = 0
+    try:
+        channel.pause_point(plan, "after-cgroup")
+        # Block what we forward before the clone: init inherits the mask and
+        # collects those signals with sigwaitinfo(); the launcher unblocks
+        # them once its own handlers are in place, so none is lost.
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = k.clone_fork(plan.clone_flags, cg.dirfd if cg else -1)
+        except OSError as e:
+            raise _clone_error(e, plan) from None
+        if pid == 0:
+            os.close(go_w)
+            os.close(err_r)
+            if tty:
+                os.close(tty[0])
+            from . import init
+            init.run(plan, go_r, err_w, tty[1] if tty else None)
+            os._exit(125)
+        os.close(go_r)
+        os.close(err_w)
+        if tty:
+            os.close(tty[1])
+        try:
+            _write_maps(plan, pid)
+        except SandboxError:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pid = 0
+            raise
+        channel.pause_point(plan, "after-clone")
+        os.write(go_w, b"G")
+        os.close(go_w)
+        status = _supervise(pid, err_r, tty[0] if tty else None)
+        pid = 0
+    finally:
+        if pid:
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        if cg:
+            cg.teardown()
+            if spec.verbose:
+                for note in cg.notes[-1:]:
+                    _say(note)
+    return status
+
+
+def _supervise(pid, err_r, master):
+    """Forward signals to init, relay the terminal, collect the first error
+    record, and return the sandbox's status once init exits."""
+    import _signal
+    import select
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    _signal.set_wakeup_fd(wake_w)
+    noop = lambda signum, frame: None  # noqa: E731 - the wakeup fd carries the signal
+    sigs = set(FORWARDED) | {_SIGCHLD}
+    for s in sigs:
+        _signal.signal(s, noop)
+    term = None
+    if master is not None:
+        _signal.signal(_SIGWINCH, noop)
+        term = _Terminal(master)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, sigs)
+    errbuf = b""
+    watch = [wake_r, err_r] + ([master, 0] if master is not None else [])
+    status = None
+    while status is None:
+        ready, _, _ = select.select(watch, [], [])
+        if wake_r in ready:
+            for sig in os.read(wake_r, 256):
+                if sig == _SIGCHLD:
+                    status = _poll(pid)
+                elif sig == _SIGWINCH and term:
+                    term.resize()
+                elif sig != _SIGCHLD:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+        if err_r in ready:
+            chunk = os.read(err_r, 4096)
+            if chunk:
+                errbuf += chunk
+            else:
+                watch.remove(err_r)
+        if term and status is None:
+            term.relay(ready, watch)
+    if term:
+        term.finish()
+    os.set_blocking(err_r, False)
+    try:
+        errbuf += os.read(err_r, 4096)
+    except (BlockingIOError, OSError):
+        pass
+    rec = channel.parse(errbuf)
+    if rec:
+        code, what, why, hint = rec
+        raise SandboxError(what, why, hint, code)
+    return status
+
+
+def _poll(pid):
+    try:
+        wpid, st = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return 125
+    if wpid == 0:
+        return None
+    if os.WIFSIGNALED(st):
+        return 128 + os.WTERMSIG(st)
+    return os.WEXITSTATUS(st)
+
+
+class _Terminal:
+    """--tty: the caller's terminal in raw mode, relayed to the sandbox's pty."""
+
+    def __init__(self, master):
+        import termios
+        import tty
+        self.master = master
+        self.saved = termios.tcgetattr(0)
+        tty.setraw(0)
+        self.resize()
+
+    def resize(self):
+        import fcntl
+        import termios
+        try:
+            size = fcntl.ioctl(0, termios.TIOCGWINSZ, b"\0" * 8)
+            fcntl.ioctl(self.master, termios.TIOCSWINSZ, size)
+        except OSError:
+            pass
+
+    def relay(self, ready, watch):
+        if 0 in ready:
+            data = os.read(0, 4096)
+            if data:
+                os.write(self.master, data)
+            else:
+                watch.remove(0)
+        if self.master in ready:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # EIO once the last slave fd closes
+                data = b""
+            if data:
+                os.write(1, data)
+            else:
+                watch.remove(self.master)
+
+    def finish(self):
+        import termios
+        os.set_blocking(self.master, False)
+        try:
+            while True:
+                data = os.read(self.master, 65536)
+                if not data:
+                    break
+                os.write(1, data)
+        except OSError:
+            pass
+        termios.tcsetattr(0, termios.TCSADRAIN, self.saved)
