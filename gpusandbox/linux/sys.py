@@ -290,3 +290,9 @@ def fsmount(fsfd, attrs=0):
 def sethostname(name):
     n = _b(name)
     return _check(libc.sethostname(n, ctypes.c_size_t(len(n))), "sethostname")
+
+
+def set_comm(name):
+    """prctl(PR_SET_NAME): the name ps and /proc/PID/comm show (15 bytes)."""
+    buf = ctypes.create_string_buffer(_b(name)[:15])
+    prctl(PR_SET_NAME, ctypes.addressof(buf))

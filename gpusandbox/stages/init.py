@@ -203,7 +203,22 @@ def _loopback_up():
         ipr.link("set", index=idx[0], state="up")
 
 
-def run(plan, go_r, err_w, tty_slave):
+def _open_pty(sock):
+    """A pty in the sandbox's devpts; the master goes to the launcher."""
+    import ctypes
+    import socket
+    master = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    k.libc.ioctl(master, 0x40045431, ctypes.byref(ctypes.c_int(0)))  # TIOCSPTLCK: unlock
+    slave = k.libc.ioctl(master, 0x5441, os.O_RDWR | os.O_NOCTTY)  # TIOCGPTPEER
+    if slave < 0:
+        raise OSError(ctypes.get_errno(), "opening the pty's slave failed")
+    socket.send_fds(sock, [b"m"], [master])
+    os.close(master)
+    sock.close()
+    return slave
+
+
+def run(plan, go_r, err_w, tty_sock):
     """Entry of the clone3() child; never returns."""
     step = "starting"
     try:
@@ -213,6 +228,7 @@ def run(plan, go_r, err_w, tty_slave):
         if os.read(go_r, 1) != b"G":
             os._exit(125)
         os.close(go_r)
+        k.set_comm("gpusandbox-init")
         # Leave the caller's process group and session: keyboard signals reach
         # the launcher only, which forwards them once.
         os.setsid()
@@ -243,12 +259,19 @@ def run(plan, go_r, err_w, tty_slave):
         if plan.spec.rootfs_mode == "ro":
             step = "making the root filesystem read-only"
             k.mount_setattr(rootfd, k.MOUNT_ATTR_RDONLY, recursive=False)
+        if plan.spec.net == "none":
+            # Before the pivot: pyroute2 is imported from the host's site-packages,
+            # which the new root does not contain.  (Every module used after the
+            # pivot is already imported by the launcher.)
+            step = "bringing up loopback"
+            _loopback_up()
         step = "pivoting into the root filesystem"
         _pivot(rootfd)
         os.close(rootfd)
-        if plan.spec.net == "none":
-            step = "bringing up loopback"
-            _loopback_up()
+        tty_slave = None
+        if tty_sock is not None:
+            step = "allocating the terminal"
+            tty_slave = _open_pty(tty_sock)
         step = "starting the command"
         pid = os.fork()
         if pid == 0:

@@ -60,8 +60,10 @@ def launch(spec):
         _say(f"warning: {w}")
     tty = None
     if spec.tty and os.isatty(0):
-        master, slave = os.openpty()
-        tty = (master, slave)
+        # The pty is allocated inside the sandbox's own devpts (so tty(1) and
+        # ttyname work there); init sends the master back over this pair.
+        import socket
+        tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     cg = _cgroup(plan, spec)
     if spec.verbose:
         for note in (cg.notes if cg else ["cgroup: none (the cgroup layer is not available)"]):
@@ -86,14 +88,14 @@ def launch(spec):
             os.close(go_w)
             os.close(err_r)
             if tty:
-                os.close(tty[0])
+                tty[0].close()
             from . import init
             init.run(plan, go_r, err_w, tty[1] if tty else None)
             os._exit(125)
         os.close(go_r)
         os.close(err_w)
         if tty:
-            os.close(tty[1])
+            tty[1].close()
         try:
             _write_maps(plan, pid)
         except SandboxError:
@@ -104,7 +106,13 @@ def launch(spec):
         channel.pause_point(plan, "after-clone")
         os.write(go_w, b"G")
         os.close(go_w)
-        status = _supervise(pid, err_r, tty[0] if tty else None)
+        master = None
+        if tty:
+            import socket
+            _, fds, _, _ = socket.recv_fds(tty[0], 1, 1)
+            tty[0].close()
+            master = fds[0] if fds else None
+        status = _supervise(pid, err_r, master)
         pid = 0
     finally:
         if pid:

@@ -1,0 +1,211 @@
+"""Integration fixtures: the real CLI, installed into a venv every user can
+run, a real root filesystem, and a real unprivileged user.
+
+The CLI is installed (not imported from the checkout) into
+/opt/gpusandbox-test/venv, built from Debian's /usr/bin/python3 so that the
+unprivileged test user can execute it wherever the checkout lives; a stamp of
+the source tree's hash skips reinstalling when nothing changed.  xdist workers
+serialise the install with a file lock.
+"""
+import fcntl
+import hashlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = Path(os.environ.get("GSBX_TEST_BASE", "/opt/gpusandbox-test"))
+VENV = BASE / "venv"
+CLI = str(VENV / "bin" / "gpusandbox")
+TEST_USER = "gsbxtest"
+MODES = ["root", "rootless"]
+
+
+def _src_hash():
+    h = hashlib.sha256()
+    for top in ("gpusandbox", "seccomp", "pyproject.toml"):
+        p = REPO / top
+        files = [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file()
+                                                and "__pycache__" not in x.parts)
+        for f in files:
+            h.update(str(f.relative_to(REPO)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _ensure_cli():
+    BASE.mkdir(parents=True, exist_ok=True)
+    os.chmod(BASE, 0o755)
+    with open(BASE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (VENV / "bin" / "python").exists():
+            subprocess.run(["/usr/bin/python3", "-m", "venv", str(VENV)], check=True)
+            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "pyroute2", "attrs",
+                            "python-prctl", "setuptools>=61", "wheel"], check=True)
+        stamp = BASE / "stamp"
+        want = _src_hash()
+        if not stamp.exists() or stamp.read_text() != want:
+            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "--no-deps",
+                            "--no-build-isolation", "--force-reinstall", str(REPO)],
+                           check=True, cwd="/")
+            stamp.write_text(want)
+
+
+def _ensure_user():
+    try:
+        return pwd.getpwnam(TEST_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
+                        TEST_USER], check=False)
+        return pwd.getpwnam(TEST_USER)
+
+
+@pytest.fixture(scope="session")
+def cli():
+    if os.geteuid() != 0:
+        pytest.skip("integration tests run as root (they also drive an unprivileged user)")
+    _ensure_cli()
+    return CLI
+
+
+@pytest.fixture(scope="session")
+def test_user():
+    return _ensure_user()
+
+
+@pytest.fixture(scope="session")
+def workdir_base():
+    d = tempfile.mkdtemp(prefix="gsbx-test-")
+    os.chmod(d, 0o755)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def rootfs(workdir_base):
+    """A Debian-style rootfs with a shell, coreutils and python3 (read-only use)."""
+    root = workdir_base / "rootfs"
+    subprocess.run([str(REPO / "scripts" / "mkrootfs"), str(root)], check=True,
+                   capture_output=True)
+    return root
+
+
+@pytest.fixture
+def shared_tmp():
+    """A temp dir the unprivileged test user can reach (pytest's is 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="gsbx-test-tmp-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def small_rootfs(tmp_path_factory):
+    """A disposable rootfs without python, for tests that write into the image."""
+    d = Path(tempfile.mkdtemp(prefix="gsbx-test-small-"))
+    os.chmod(d, 0o755)
+    subprocess.run([str(REPO / "scripts" / "mkrootfs"), str(d / "root"), "--no-python"],
+                   check=True, capture_output=True)
+    yield d / "root"
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Runner:
+    """Runs the CLI as root or as the unprivileged test user."""
+
+    def __init__(self, cli, mode, user):
+        self.cli = cli
+        self.mode = mode
+        self.user = user
+
+    @property
+    def uid(self):
+        return 0 if self.mode == "root" else self.user.pw_uid
+
+    @property
+    def gid(self):
+        return 0 if self.mode == "root" else self.user.pw_gid
+
+    def argv(self, args):
+        cmd = [self.cli] + list(args)
+        if not args or args[0] not in ("info", "list", "doctor", "sim", "version"):
+            cmd.insert(1, "run")
+        if self.mode == "rootless":
+            cmd = ["setpriv", f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
+                   "--clear-groups", "--"] + cmd
+        return cmd
+
+    def env(self, extra=None):
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8",
+               "HOME": "/"}
+        env.update(extra or {})
+        return env
+
+    def run(self, args, env=None, timeout=60, input=None):
+        return subprocess.run(self.argv(args), capture_output=True, text=True,
+                              timeout=timeout, env=self.env(env), cwd="/", input=input)
+
+    def popen(self, args, env=None, **kw):
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        return subprocess.Popen(self.argv(args), env=self.env(env), cwd="/", text=True, **kw)
+
+
+@pytest.fixture(params=MODES)
+def runner(request, cli, test_user):
+    return Runner(cli, request.param, test_user)
+
+
+@pytest.fixture
+def root_runner(cli, test_user):
+    return Runner(cli, "root", test_user)
+
+
+@pytest.fixture
+def rootless_runner(cli, test_user):
+    return Runner(cli, "rootless", test_user)
+
+
+def host_mounts():
+    with open("/proc/self/mountinfo") as f:
+        return sorted(line.split(" - ")[0].split(" ", 4)[4] for line in f)
+
+
+def pids_with(marker):
+    """Host pids whose command line contains `marker`."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(d))
+        except OSError:
+            pass
+    return found
+
+
+def wait_for(pred, timeout=10.0, step=0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def kill_quietly(proc):
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
