@@ -1,0 +1,212 @@
+"""GPU injection as data: a Selection on a GpuHost -> ContainerEdits.
+
+`plan()` decides, from host facts only, which host files a launch needs
+(device nodes, libraries, binaries, firmware, config files, IPC, /proc
+files); `gpusandbox list` prints it.  `build_edits()` places them in the
+image the way the reference stack does and regenerates the image's
+ld.so.cache.  The image is untrusted: it is read only through read_in_root
+(openat2 RESOLVE_IN_ROOT), and nothing read from it becomes a mount source.
+"""
+import os
+
+from gpusandbox.edits import ContainerEdits, DeviceNode, File, Mount, Symlink, Tmpfs
+from gpusandbox.errors import GpuError
+from gpusandbox.gpu import ldcache
+from gpusandbox.gpu.discover import CAP_BINS, CAP_LIBS, IMPLIES
+from gpusandbox.linux.sys import read_in_root
+
+RO = ("ro", "nosuid", "nodev")
+RO_PROC = ("ro", "nosuid", "nodev", "noexec")
+# MPS clients and the control daemon talk through pipes in this directory,
+# so it is shared writable (never executable).
+RW_IPC = ("rw", "nosuid", "nodev", "noexec")
+# Without a library a capability is useless, so its absence is an error;
+# the other libraries of a capability vary between driver branches.
+_REQUIRED = {"compute": "libcuda", "utility": "libnvidia-ml"}
+# SONAME major per family when the ELF cannot be read (driver 470-560 values).
+_SONAME_MAJOR = {"libGLX_nvidia": "0", "libEGL_nvidia": "0", "libGLESv2_nvidia": "2",
+                 "libnvidia-nvvm": "4", "libnvidia-nscq": "2"}
+_LIBDIRS = {"x86_64": ("x86_64-linux-gnu", "/usr/lib64"),
+            "aarch64": ("aarch64-linux-gnu", "/usr/lib64")}
+
+
+class Injection:
+    """What a launch takes from the host, grouped.  nodes: DevNode list;
+    libs: Library list; bins: [(name, host path)]; firmware: [host path];
+    configs/ipc/proc: [(container path, host path, mount options)]."""
+    __slots__ = ("caps", "nodes", "libs", "bins", "firmware", "configs", "ipc", "proc")
+
+
+def effective_caps(caps):
+    out = set(caps)
+    for c in caps:
+        out.update(IMPLIES.get(c, ()))
+    return out
+
+
+def _node(node, why, hint):
+    if node is None or node.problem:
+        raise GpuError(f"device node {node.path if node else why}",
+                       node.problem if node else "missing", hint=hint)
+    return node
+
+
+def plan(host, sel):
+    """Host-side injection plan for `sel` (raises GpuError on a missing or
+    mismatched device node, or on a missing required library)."""
+    caps = effective_caps(sel.caps)
+    inj = Injection()
+    inj.caps = caps
+    hint_nodes = "create the nodes (nvidia-modprobe, or mknod with the numbers shown)"
+    nodes = [_node(host.control.get("nvidiactl"), "/dev/nvidiactl", hint_nodes)]
+    for g in sel.node_gpus():
+        nodes.append(_node(g.node, None, hint_nodes))
+    if "compute" in caps:
+        if host.majors.get("nvidia-uvm") is None:
+            raise GpuError("nvidia-uvm kernel module not loaded",
+                           "/proc/devices has no nvidia-uvm major (CUDA needs it)",
+                           hint="modprobe nvidia-uvm, or nvidia-modprobe -u -c=0")
+        nodes.append(_node(host.control.get("nvidia-uvm"), "/dev/nvidia-uvm", hint_nodes))
+        nodes.append(_node(host.control.get("nvidia-uvm-tools"), "/dev/nvidia-uvm-tools",
+                           hint_nodes))
+    if "display" in caps:
+        nodes.append(_node(host.control.get("nvidia-modeset"), "/dev/nvidia-modeset",
+                           "modprobe nvidia-modeset, or nvidia-modprobe -m"))
+    for m in sel.migs:
+        nodes += [_node(m.gi_node, None, hint_nodes), _node(m.ci_node, None, hint_nodes)]
+    for flag, key in ((sel.mig_config, "mig-config"), (sel.mig_monitor, "mig-monitor")):
+        if flag:
+            nodes.append(_node(host.control.get(key), f"MIG {key[4:]} capability", hint_nodes))
+    inj.nodes = nodes
+
+    families = {f for c in caps for f in CAP_LIBS.get(c, ())}
+    bits = (64, 32) if "compat32" in caps else (64,)
+    inj.libs = [lib for lib in host.libs if lib.family in families and lib.bits in bits]
+    have = {lib.family for lib in inj.libs if lib.bits == 64}
+    for cap, fam in _REQUIRED.items():
+        if cap in caps and fam not in have:
+            raise GpuError(f"driver library {fam}.so.{host.version}",
+                           f"not in {host.path('/etc/ld.so.cache')}",
+                           hint=f"install the driver's user-space part matching {host.version}"
+                                f", or drop the '{cap}' capability")
+    wanted = {b for c in caps for b in CAP_BINS.get(c, ())}
+    inj.bins = [(n, p) for n, p in sorted(host.bins.items()) if n in wanted]
+    inj.firmware = list(host.firmware)
+    inj.configs = [(cp, hp, RO) for cap, cp, hp in host.configs if cap in caps]
+    ipc = []
+    if "utility" in caps:
+        ipc += [host.ipc[k] + (RO_PROC,) for k in ("persistenced", "fabricmanager")
+                if k in host.ipc]
+    if "compute" in caps and "mps" in host.ipc:
+        ipc.append(host.ipc["mps"] + (RW_IPC,))
+    inj.ipc = ipc
+    proc = [("/proc/driver/nvidia/version", host.path("/proc/driver/nvidia/version"), RO_PROC)]
+    for g in sel.node_gpus():
+        proc.append((f"/proc/driver/nvidia/gpus/{g.bus_id}", g.proc_dir, RO_PROC))
+    cdir = "/proc/driver/nvidia/capabilities"
+    for m in sel.migs:
+        for host_path in (m.gi_access, m.ci_access):
+            rel = host_path.split("/capabilities/", 1)[1]
+            proc.append((f"{cdir}/{rel}", host_path, RO_PROC))
+    for flag, kind in ((sel.mig_config, "config"), (sel.mig_monitor, "monitor")):
+        if flag:
+            proc.append((f"{cdir}/mig/{kind}", host.path(f"{cdir}/mig/{kind}"), RO_PROC))
+    inj.proc = proc
+    return inj
+
+
+def device_rules(host, sel):
+    """[(type, major, minor, access)] for the BPF device filter: exactly the
+    nodes the sandbox receives."""
+    return [("c", n.major, n.minor, "rwm") for n in plan(host, sel).nodes]
+
+
+def _soname(lib):
+    name = ldcache.elf_soname(lib.host_path)
+    if name:
+        return name
+    return f"{lib.family}.so.{_SONAME_MAJOR.get(lib.family, '1')}"
+
+
+def _params(host):
+    """The host's params with ModifyDeviceFiles: 0, so libraries inside never
+    try to create or chmod /dev nodes."""
+    try:
+        with open(host.path("/proc/driver/nvidia/params"), "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        lines = []
+    out = [ln for ln in lines if not ln.startswith("ModifyDeviceFiles:")]
+    out.insert(0, "ModifyDeviceFiles: 0")
+    return ("\n".join(out) + "\n").encode()
+
+
+def _image_cache(image_root):
+    """The image's cache entries, or [] when it has none or it is malformed
+    (ld.so ignores a malformed cache too)."""
+    data = read_in_root(image_root, "/etc/ld.so.cache", limit=64 << 20)
+    if not data:
+        return []
+    try:
+        return ldcache.parse(data)
+    except (ldcache.CacheError, ValueError):
+        return []
+
+
+def build_edits(host, sel, image_root, environ=None):
+    """ContainerEdits that give the image the selection."""
+    inj = plan(host, sel)
+    edits = ContainerEdits()
+    for n in inj.nodes:
+        edits.device_nodes.append(DeviceNode(n.path, n.host_path, n.major, n.minor, "rw"))
+
+    multiarch, other64 = _LIBDIRS.get(os.uname().machine, _LIBDIRS["x86_64"])
+    debian = read_in_root(image_root, "/etc/debian_version", limit=4096) is not None
+    libdir = {64: f"/usr/lib/{multiarch}" if debian else other64,
+              32: "/usr/lib/i386-linux-gnu" if debian else "/usr/lib"}
+    entries, links = [], {}
+    for lib in inj.libs:
+        d = libdir[lib.bits]
+        edits.mounts.append(Mount(lib.host_path, f"{d}/{lib.name}", RO))
+        soname = _soname(lib)
+        if soname == lib.name or "/" in soname:
+            entries.append(ldcache.Entry(lib.name.encode(), f"{d}/{lib.name}".encode(), lib.flags))
+            continue
+        links[f"{d}/{soname}"] = lib.name
+        dev = f"{lib.family}.so"
+        if soname != dev:
+            links[f"{d}/{dev}"] = soname
+            entries.append(ldcache.Entry(dev.encode(), f"{d}/{dev}".encode(), lib.flags))
+        entries.append(ldcache.Entry(soname.encode(), f"{d}/{soname}".encode(), lib.flags))
+    edits.symlinks += [Symlink(p, t) for p, t in links.items()]
+    for name, host_path in inj.bins:
+        edits.mounts.append(Mount(host_path, f"/usr/bin/{name}", RO))
+    for host_path in inj.firmware:
+        edits.mounts.append(Mount(host_path, f"/lib/firmware/nvidia/{host.version}/"
+                                             f"{os.path.basename(host_path)}", RO))
+    for cpath, host_path, opts in inj.configs + inj.ipc:
+        edits.mounts.append(Mount(host_path, cpath, opts))
+
+    # The image's own entries for the injected names would shadow the host
+    # driver (an image-shipped libcuda.so.1 of another version).
+    ours = {(e.name, e.flags) for e in entries}
+    merged = [e for e in _image_cache(image_root) if (e.name, e.flags) not in ours]
+    edits.files.append(File("/etc/ld.so.cache", ldcache.build(merged + entries), 0o444))
+
+    # /proc/driver/nvidia shows every GPU of the host: mask it and show the
+    # selected GPUs' directories only.  The mask sits on /proc/driver, which
+    # every procfs has, so the same edits work where the host's procfs has no
+    # nvidia entry (a containerised driver root, a simulated host); procfs
+    # refuses new directories, a tmpfs does not.
+    edits.tmpfs.append(Tmpfs("/proc/driver"))
+    for cpath, host_path, opts in inj.proc:
+        edits.mounts.append(Mount(host_path, cpath, opts))
+    edits.files.append(File("/proc/driver/nvidia/params", _params(host), 0o444))
+
+    edits.env["NVIDIA_VISIBLE_DEVICES"] = sel.visible
+    edits.env["NVIDIA_DRIVER_CAPABILITIES"] = ",".join(sel.caps)
+    if environ and "CUDA_VISIBLE_DEVICES" in environ:
+        # The caller's value names host devices; inside, CUDA numbers the
+        # sandbox's devices 0..n-1.
+        edits.env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(sel.device_count()))
+    return edits

@@ -1,0 +1,143 @@
+"""`gpusandbox info` and `gpusandbox list`: what the GPU layer sees and would inject.
+
+Off the launch path, so argparse and json are fine here.  Other layers add
+lines to `info` through INFO_EXTRA: callables taking the GpuHost and
+returning [(label, value)] pairs, printed as "label: value" (and as JSON keys
+with --json), e.g. the lead's ("device isolation", "bpf (cgroup v2)").
+"""
+import os
+import sys
+
+from gpusandbox.errors import SandboxError
+
+INFO_EXTRA = []
+
+
+def register_info_lines(fn):
+    INFO_EXTRA.append(fn)
+    return fn
+
+
+def _fail(e):
+    print(f"gpusandbox: error: {e.line()}", file=sys.stderr)
+    if e.hint:
+        print(f"hint: {e.hint}", file=sys.stderr)
+    return e.code
+
+
+def _parser(prog, with_selection):
+    import argparse
+    from gpusandbox.errors import UsageError
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise UsageError(f"gpusandbox {prog}", message,
+                             hint=f"see gpusandbox {prog} --help")
+
+    p = Parser(prog=f"gpusandbox {prog}")
+    p.add_argument("--driver-root", default="/", help="root of the NVIDIA driver files")
+    p.add_argument("--dev-root", default=None, help="where the /dev/nvidia* nodes are "
+                   "(default: <driver root>/dev)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    if with_selection:
+        p.add_argument("--gpus", default=None, help="all, none, auto or a list (default: "
+                       "NVIDIA_VISIBLE_DEVICES, else all)")
+        p.add_argument("--gpu-caps", default=None, help="driver capabilities "
+                       "(default: NVIDIA_DRIVER_CAPABILITIES, else utility,compute)")
+    return p
+
+
+def info_data(host):
+    from gpusandbox.gpu import ceiling
+    cuda = ceiling.driver_cuda_version(host)
+    data = {
+        "driver_root": host.driver_root,
+        "driver_version": host.version,
+        "cuda_version": f"{cuda[0]}.{cuda[1]}" if cuda else None,
+        "gpus": [{"index": g.index, "minor": g.minor, "model": g.model, "uuid": g.uuid,
+                  "bus_id": g.bus_id} for g in host.gpus],
+        "mig_devices": [{"gpu": m.gpu.index, "gi": m.gi, "ci": m.ci,
+                         "gi_cap_minor": m.gi_node.minor, "ci_cap_minor": m.ci_node.minor}
+                        for m in host.migs],
+        "problems": list(host.problems),
+    }
+    for fn in INFO_EXTRA:
+        for label, value in fn(host):
+            data[label] = value
+    return data
+
+
+def _print_info(data):
+    print(f"driver version: {data['driver_version']}")
+    print(f"cuda version: {data['cuda_version'] or 'unknown (libcuda did not answer)'}")
+    for g in data["gpus"]:
+        print(f"gpu {g['index']}: {g['model']}  {g['uuid'] or '(uuid hidden)'}  "
+              f"bus {g['bus_id']}  minor {g['minor']}")
+    for m in data["mig_devices"]:
+        print(f"  mig {m['gpu']}:{m['gi']}:{m['ci']}  caps {m['gi_cap_minor']},{m['ci_cap_minor']}")
+    fixed = {"driver_root", "driver_version", "cuda_version", "gpus", "mig_devices", "problems"}
+    for key, value in data.items():
+        if key not in fixed:
+            print(f"{key}: {value}")
+    for p in data["problems"]:
+        print(f"problem: {p}")
+
+
+def main_info(argv):
+    try:
+        args = _parser("info", False).parse_args(argv)
+        from gpusandbox.gpu import discover
+        host = discover.discover(args.driver_root, args.dev_root)
+        data = info_data(host)
+    except SandboxError as e:
+        return _fail(e)
+    if args.json:
+        import json
+        print(json.dumps(data, indent=2))
+    else:
+        _print_info(data)
+    return 0
+
+
+def list_data(host, sel):
+    from gpusandbox.gpu import inject
+    inj = inject.plan(host, sel)
+    return {
+        "selection": sel.visible,
+        "capabilities": list(sel.caps),
+        "devices": [n.host_path for n in inj.nodes],
+        "libraries": [lib.host_path for lib in inj.libs],
+        "binaries": [p for _n, p in inj.bins],
+        "firmware": list(inj.firmware),
+        "configs": [hp for _c, hp, _o in inj.configs],
+        "ipc": [hp for _c, hp, _o in inj.ipc],
+        "proc": [hp for _c, hp, _o in inj.proc],
+    }
+
+
+def main_list(argv):
+    try:
+        args = _parser("list", True).parse_args(argv)
+        from gpusandbox.gpu import discover, select
+        host = discover.discover(args.driver_root, args.dev_root)
+        env = dict(os.environ)
+        gpus = args.gpus
+        if gpus is None and select.resolve(None, args.gpu_caps, env, host) is None:
+            gpus = "all"   # nothing asked for: show what --gpus all would inject
+        sel = select.resolve(gpus, args.gpu_caps, env, host)
+        if sel is None:
+            print("no GPU support requested (void): nothing is injected")
+            return 0
+        data = list_data(host, sel)
+    except SandboxError as e:
+        return _fail(e)
+    if args.json:
+        import json
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"selection: {data['selection']}  capabilities: {','.join(data['capabilities'])}")
+    for group in ("devices", "libraries", "binaries", "firmware", "configs", "ipc", "proc"):
+        print(f"{group}:")
+        for path in data[group]:
+            print(f"  {path}")
+    return 0

@@ -1,0 +1,217 @@
+"""GPU selection: --gpus / NVIDIA_VISIBLE_DEVICES / Slurm -> a Selection.
+
+Every variable read here comes from the CALLER's environment (the one that
+ran gpusandbox), never from the image: an image's NVIDIA_VISIBLE_DEVICES=all
+must not widen what the host side granted.
+
+Selector items: "all", "none", "void", a GPU index, "GPU-<uuid>", a PCI bus
+id ("06:00.0", "0000:06:00.0", case-insensitive), a MIG pair "<gpu>:<gi>"
+(GPU index and GPU-instance id: every compute instance of that GI) or triple
+"<gpu>:<gi>:<ci>", "MIG-<uuid>" (resolved through NVML, only when given) and
+the legacy "MIG-GPU-<uuid>/<gi>/<ci>".
+"""
+from gpusandbox.errors import GpuError, UsageError
+from gpusandbox.gpu.discover import CAPABILITIES
+
+DEFAULT_CAPS = ("compute", "utility")   # "utility,compute" in canonical order
+_VOID = ("", "void")
+
+
+class Selection:
+    """What a launch gets.  gpus: whole GPUs (list of discover.Gpu);
+    migs: MIG devices (list of discover.MigDevice); caps: requested driver
+    capabilities (tuple, canonical order); none: True for "none" (driver
+    files, no GPU node); visible: the NVIDIA_VISIBLE_DEVICES value the
+    sandbox sees; source: where the selector came from (for messages);
+    mig_config / mig_monitor: whether the MIG config/monitor capability nodes
+    are granted (the caller set NVIDIA_MIG_CONFIG_DEVICES /
+    NVIDIA_MIG_MONITOR_DEVICES=all, as with the reference stack)."""
+    __slots__ = ("gpus", "migs", "caps", "none", "visible", "source",
+                 "mig_config", "mig_monitor")
+
+    def __init__(self, gpus, migs, caps, none, visible, source,
+                 mig_config=False, mig_monitor=False):
+        self.gpus, self.migs, self.caps = gpus, migs, caps
+        self.none, self.visible, self.source = none, visible, source
+        self.mig_config, self.mig_monitor = mig_config, mig_monitor
+
+    def node_gpus(self):
+        """GPUs whose /dev/nvidia<minor> the sandbox needs: the selected ones
+        and the parents of selected MIG devices, in index order."""
+        seen = {g.index: g for g in self.gpus}
+        for m in self.migs:
+            seen.setdefault(m.gpu.index, m.gpu)
+        return [seen[i] for i in sorted(seen)]
+
+    def device_count(self):
+        return len(self.gpus) + len(self.migs)
+
+    def __repr__(self):
+        return f"Selection({self.visible!r} caps={','.join(self.caps)})"
+
+
+def needs_gpu(gpus_opt, environ):
+    """Whether a launch involves the GPU layer at all (no host access)."""
+    if gpus_opt is not None:
+        return gpus_opt.strip().lower() != "void"   # "" still fails later, in resolve
+    return (environ.get("NVIDIA_VISIBLE_DEVICES") or "").strip().lower() not in _VOID
+
+
+def parse_caps(caps_opt, environ):
+    """--gpu-caps or NVIDIA_DRIVER_CAPABILITIES -> tuple of capabilities."""
+    if caps_opt is not None:
+        value, err, src = caps_opt, UsageError, "--gpu-caps"
+    else:
+        value, err, src = environ.get("NVIDIA_DRIVER_CAPABILITIES"), GpuError, \
+            "NVIDIA_DRIVER_CAPABILITIES"
+    if value is None or not value.strip():
+        return DEFAULT_CAPS
+    asked = set()
+    for item in value.split(","):
+        item = item.strip().lower()
+        if item == "all":
+            return CAPABILITIES
+        if item not in CAPABILITIES:
+            raise err(f"{src} {value!r}", f"unknown capability {item!r}",
+                      hint="use all or a comma list of " + ", ".join(CAPABILITIES))
+        asked.add(item)
+    return tuple(c for c in CAPABILITIES if c in asked)
+
+
+def _auto(environ, host):
+    try:
+        from gpusandbox import slurm
+    except ModuleNotFoundError as e:
+        if e.name != "gpusandbox.slurm":
+            raise
+        slurm = None
+    if slurm is not None:
+        return slurm.resolve_auto(environ, host) or "none", "slurm"
+    for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        val = (environ.get(var) or "").strip()
+        if val.lower() not in _VOID:
+            return val, var
+    return "none", "--gpus auto"
+
+
+def resolve(gpus_opt, caps_opt, environ, host):
+    """The Selection for these options, or None when the launch has no GPU
+    support (no --gpus and NVIDIA_VISIBLE_DEVICES unset or void)."""
+    if gpus_opt is None:
+        value = environ.get("NVIDIA_VISIBLE_DEVICES")
+        if value is None or value.strip().lower() in _VOID:
+            return None
+        source, err = "NVIDIA_VISIBLE_DEVICES", GpuError
+    elif gpus_opt.strip().lower() == "auto":
+        value, source = _auto(environ, host)
+        err = GpuError
+    else:
+        value, source, err = gpus_opt, "--gpus", UsageError
+        if not value.strip():
+            raise UsageError("--gpus ''", "empty selector",
+                             hint="use --gpus all, none, or a list such as 0,1")
+        if value.strip().lower() == "void":
+            return None
+    caps = parse_caps(caps_opt, environ)
+    sel = _select(value, source, err, caps, host)
+    sel.mig_config = (environ.get("NVIDIA_MIG_CONFIG_DEVICES") or "").strip() == "all"
+    sel.mig_monitor = (environ.get("NVIDIA_MIG_MONITOR_DEVICES") or "").strip() == "all"
+    return sel
+
+
+def _select(value, source, err, caps, host):
+    items = [i.strip() for i in value.split(",") if i.strip()]
+    low = [i.lower() for i in items]
+    if "none" in low or not items:
+        return Selection([], [], caps, True, "none", source)
+    if "all" in low:
+        return Selection(list(host.gpus), list(host.migs), caps, False, "all", source)
+    gpus, migs = [], []
+    mig_by_uuid = None
+    for item in items:
+        found = _match(item, host)
+        if found is None and item.upper().startswith("MIG-"):
+            if mig_by_uuid is None:
+                mig_by_uuid = _nvml_migs(host, err, source)
+            m = mig_by_uuid.get(item.lower())
+            found = [m] if m is not None else None
+        if found is None:
+            raise err(f"{source} {value!r}", f"unknown device {item!r}",
+                      hint="this host has: " + describe(host))
+        for dev in found:
+            target = migs if hasattr(dev, "ci") else gpus
+            if dev not in target:
+                target.append(dev)
+    gpus.sort(key=lambda g: g.index)
+    return Selection(gpus, migs, caps, False, _visible(gpus, migs), source)
+
+
+def _bus(s):
+    s = s.lower()
+    parts = s.split(":")
+    if len(parts) == 2:
+        s = "0000:" + s
+    elif len(parts) == 3 and len(parts[0]) > 4:
+        s = parts[0][-4:] + ":" + parts[1] + ":" + parts[2]   # nvidia-smi prints 8 domain digits
+    return s
+
+
+def _match(item, host):
+    """Devices an item names (list), or None when it names nothing here."""
+    low = item.lower()
+    if item.isdigit():
+        i = int(item)
+        return [host.gpus[i]] if i < len(host.gpus) else None
+    if low.startswith("gpu-"):
+        return [g for g in host.gpus if g.uuid and g.uuid.lower() == low] or None
+    if low.startswith("mig-gpu-"):
+        uuid, _, rest = low[4:].partition("/")
+        gi, _, ci = rest.partition("/")
+        return [m for m in host.migs if m.gpu.uuid and m.gpu.uuid.lower() == uuid
+                and str(m.gi) == gi and str(m.ci) == ci] or None
+    parts = low.split(":")
+    if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+        g, gi = int(parts[0]), int(parts[1])
+        ci = int(parts[2]) if len(parts) == 3 else None
+        return [m for m in host.migs if m.gpu.index == g and m.gi == gi
+                and (ci is None or m.ci == ci)] or None
+    if ":" in low and "." in low:
+        bus = _bus(low)
+        return [g for g in host.gpus if g.bus_id == bus] or None
+    return None
+
+
+def _nvml_migs(host, err, source):
+    from gpusandbox.gpu import ceiling
+    try:
+        table = ceiling.mig_uuids(host)
+    except GpuError as e:
+        raise err(f"{source}: MIG-<uuid> needs NVML", e.why or e.what, hint=e.hint) from None
+    out = {}
+    for m in host.migs:
+        uuid = table.get((m.gpu.minor, m.gi, m.ci))
+        if uuid:
+            m.uuid = uuid
+            out[uuid.lower()] = m
+    return out
+
+
+def _visible(gpus, migs):
+    """Names for NVIDIA_VISIBLE_DEVICES inside: UUIDs where known, so the value
+    stays meaningful without the host's numbering."""
+    names = [g.uuid or str(g.index) for g in gpus]
+    for m in migs:
+        if m.uuid:
+            names.append(m.uuid)
+        elif m.gpu.uuid:
+            names.append(f"MIG-{m.gpu.uuid}/{m.gi}/{m.ci}")
+        else:
+            names.append(f"{m.gpu.index}:{m.gi}:{m.ci}")
+    return ",".join(names)
+
+
+def describe(host):
+    """One line listing the selectable devices, for error hints."""
+    parts = [f"{g.index} ({g.uuid or 'uuid hidden'}, {g.bus_id})" for g in host.gpus]
+    parts += [f"{m.gpu.index}:{m.gi}:{m.ci}" for m in host.migs]
+    return "; ".join(parts)
