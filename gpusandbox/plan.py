@@ -25,8 +25,33 @@ USERNS_HINT = ("user namespaces look disabled here: enable them with "
                "'gpusandbox doctor' checks this")
 
 
+# Paths under these are mount points inside filesystems the launcher mounts
+# itself (a fresh procfs, sysfs, our tmpfs): never created in the image.
+OWN_FS = ("/proc/", "/sys/", "/dev/", "/tmp/", "/run/")
+
+
+def mount_points(plan):
+    """(path, kind) of every mount point the launch needs in the image, and
+    the links GPU injection adds, for the init stage to create in the
+    overlay's upper layer (rootless users cannot create them in image
+    directories they do not own)."""
+    points = [("/proc", "dir"), ("/sys", "dir"), ("/dev", "dir"), ("/tmp", "dir"),
+              ("/run", "dir")]
+    for mnt in plan.edits.mounts:
+        points.append((mnt.path, "dir" if os.path.isdir(mnt.host_path) else "file"))
+    for f in plan.edits.files:
+        points.append((f.path, "file"))
+    for b in plan.binds:
+        points.append((b.dst, "dir" if os.path.isdir(b.src) else "file"))
+    points.append((plan.workdir, "dir"))
+    points = [(p, k) for p, k in points if not p.startswith(OWN_FS) and p != "/"]
+    links = [(ln.path, ln.target) for ln in plan.edits.symlinks
+             if not ln.path.startswith(OWN_FS)]
+    return points, links
+
+
 class LaunchPlan:
-    __slots__ = ("spec", "rootfs", "clone_flags", "userns", "idmap", "cmd_uid", "cmd_gid",
+    __slots__ = ("points", "links", "spec", "rootfs", "clone_flags", "userns", "idmap", "cmd_uid", "cmd_gid",
                  "clear_groups", "caps", "env", "argv", "workdir", "hostname", "binds",
                  "edits", "seccomp", "device_rules", "notes", "real_root", "devpts_gid",
                  "warnings")
@@ -184,13 +209,11 @@ def _gpu(plan, spec, rootfs, image_env, host_env):
     sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
     if sel is None:
         return {}
-    if not spec.no_require:
-        from .gpu import require
-        warn = require.check(dict(image_env), rootfs, host, host_env)
-        if warn:
-            plan.warnings.append(warn)
-    else:
-        plan.warnings.append("--no-require: the image's CUDA requirement was not checked")
+    from .gpu import require
+    warn = require.check(dict(image_env), rootfs, host, None, host_env,
+                         gpus=sel.node_gpus(), no_require=spec.no_require)
+    if warn:
+        plan.warnings.append(warn)
     edits = inject.build_edits(host, sel, rootfs, host_env)
     plan.edits.extend(edits)
     plan.device_rules = inject.device_rules(host, sel)
@@ -215,6 +238,7 @@ def build(spec, host_env=None):
     plan.workdir = spec.workdir or image_cwd or "/"
     plan.hostname = spec.hostname or "gpusandbox"
     plan.binds = spec.binds
+    plan.points, plan.links = mount_points(plan)
     if spec.seccomp != "unconfined":
         from .linux import seccomp
         plan.seccomp = seccomp.compile_profile(spec.seccomp)

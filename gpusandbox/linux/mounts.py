@@ -128,3 +128,102 @@ def open_host_node(host_path, major, minor):
         raise MountError(errno.EINVAL, f"host device {host_path} is not the character "
                          f"device {major}:{minor}")
     return fd
+
+
+# --- mount points prepared in the overlay's upper layer ----------------------------
+# A user without privileges cannot create anything in a directory of the image
+# owned by another uid, even through an overlay (capabilities in a user
+# namespace do not cover unmapped owners).  The upper layer is our own tmpfs,
+# though: every mount point and link the image lacks is created there before
+# the overlay is mounted, at the place the image's own symlinks lead to.
+
+
+def _canonical(lowerfd, path, max_links=40):
+    """Split `path` into (existing canonical components, missing components),
+    following the image's symlinks as the image would (inside its root)."""
+    todo = [c for c in path.split("/") if c and c != "."]
+    cur = []
+    hops = 0
+    while todo:
+        comp = todo.pop(0)
+        if comp == "..":
+            if cur:
+                cur.pop()
+            continue
+        rel = "/".join(cur + [comp])
+        try:
+            st = os.lstat(rel, dir_fd=lowerfd)
+        except FileNotFoundError:
+            return cur, [comp] + todo
+        except NotADirectoryError:
+            raise MountError(errno.ENOTDIR, f"a component of {path} in the image is "
+                             "not a directory") from None
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > max_links:
+                raise MountError(errno.ELOOP, f"too many symlinks resolving {path} in the image")
+            target = os.readlink(rel, dir_fd=lowerfd)
+            if target.startswith("/"):
+                cur = []
+            todo = [c for c in target.split("/") if c and c != "."] + todo
+            continue
+        if todo and not stat.S_ISDIR(st.st_mode):
+            raise MountError(errno.ENOTDIR, f"a component of {path} in the image is "
+                             "not a directory")
+        cur.append(comp)
+    return cur, []
+
+
+def _upper_dir(lowerfd, upperfd, comps):
+    """O_PATH fd of `comps` inside the upper layer, creating the directories
+    with the modes they have in the image (the merged view shows them)."""
+    fd = os.dup(upperfd)
+    for i, comp in enumerate(comps):
+        try:
+            mode = stat.S_IMODE(os.lstat("/".join(comps[:i + 1]), dir_fd=lowerfd).st_mode)
+        except FileNotFoundError:
+            mode = 0o755
+        try:
+            os.mkdir(comp, mode, dir_fd=fd)
+        except FileExistsError:
+            pass
+        nfd = os.open(comp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    return fd
+
+
+def prepare_upper(lowerfd, upperfd, points, links):
+    """Create in the upper layer every mount point in `points` ((path, kind)
+    with kind "dir" or "file") that the image lacks, and every link in
+    `links` ((path, target)).  Only the upper layer is written: it holds
+    nothing but what this function creates, and the image is read with
+    lstat/readlink relative to its root fd."""
+    for path, kind in points:
+        have, missing = _canonical(lowerfd, path)
+        if not missing:
+            continue
+        fd = _upper_dir(lowerfd, upperfd, have + missing[:-1])
+        try:
+            if kind == "dir":
+                try:
+                    os.mkdir(missing[-1], 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            else:
+                os.close(os.open(missing[-1], os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o644, dir_fd=fd))
+        finally:
+            os.close(fd)
+    for path, target in links:
+        parent, _, name = path.rstrip("/").rpartition("/")
+        have, missing = _canonical(lowerfd, parent)
+        fd = _upper_dir(lowerfd, upperfd, have + missing)
+        try:
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            os.symlink(target, name, dir_fd=fd)
+        finally:
+            os.close(fd)

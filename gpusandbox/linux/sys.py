@@ -7,11 +7,10 @@ wrappers that need them.
 """
 import ctypes
 import os
-import platform
 
 libc = ctypes.CDLL(None, use_errno=True)
 
-_MACHINE = platform.machine()
+_MACHINE = os.uname().machine
 # Generic (asm-generic) numbers are shared by x86_64 for the new calls (>= 424).
 _NR = {
     "x86_64": dict(pivot_root=155, unshare=272, setns=308, clone=56, clone3=435,

@@ -62,11 +62,12 @@ def run(plan, err_w, wdfd, tty_slave):
         if path is None:
             fail(err_w, 127, f"command not found in the image: {plan.argv[0]}", None,
                  "check the image's PATH (-e PATH=...) or give the full path")
-        step = f"executing {plan.argv[0]}"
         # Last: after seccomp only the syscalls the profile allows remain.
         if plan.seccomp is not None:
+            step = "installing the seccomp filter"
             from ..linux import seccomp
             seccomp.install(plan.seccomp)
+        step = f"executing {plan.argv[0]}"
         os.execve(path, plan.argv, plan.env)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR) and step.startswith("executing"):

@@ -49,6 +49,13 @@ def _rootfs(plan):
         scratch = m.new_fs("tmpfs", ("mode=0755",), attrs)
         os.mkdir("upper", 0o755, dir_fd=scratch)
         os.mkdir("work", 0o755, dir_fd=scratch)
+        lower = os.open(plan.rootfs, k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        upper = os.open("upper", k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=scratch)
+        try:
+            m.prepare_upper(lower, upper, plan.points, plan.links)
+        finally:
+            os.close(lower)
+            os.close(upper)
         top = f"/proc/self/fd/{scratch}"
         opts = [f"lowerdir={plan.rootfs}", f"upperdir={top}/upper", f"workdir={top}/work"]
         if plan.userns != "host":
@@ -98,6 +105,9 @@ def _apply_edits(plan, rootfd, nodes, mounts):
     """GPU (or CDI) edits, in the order the edits module documents."""
     edits = plan.edits
     tgt = m.open_target
+    # With an overlay the links already sit in its upper layer.
+    links = edits.symlinks if plan.spec.rootfs_mode == "rw" else [
+        ln for ln in edits.symlinks if ln.path.startswith(("/proc/", "/dev/", "/tmp/", "/run/"))]
     for t in edits.tmpfs:
         fd = m.new_fs("tmpfs", ("mode=0755", "size=1m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
                       | k.MOUNT_ATTR_NOEXEC)
@@ -110,7 +120,7 @@ def _apply_edits(plan, rootfd, nodes, mounts):
         m.restrict(fd, ro="rw" not in mnt.options, nosuid="nosuid" in mnt.options,
                    nodev="nodev" in mnt.options, noexec="noexec" in mnt.options)
         m.attach(fd, tgt(rootfd, mnt.path, kind), f"binding {mnt.host_path} at {mnt.path}")
-    for link in edits.symlinks:
+    for link in links:
         parent, _, name = link.path.rpartition("/")
         pfd = tgt(rootfd, parent or "/")
         try:

@@ -57,7 +57,7 @@ def launch(spec):
     import _signal
     plan = planmod.build(spec)
     for w in plan.warnings:
-        _say(f"warning: {w}")
+        _say(w)
     tty = None
     if spec.tty and os.isatty(0):
         # The pty is allocated inside the sandbox's own devpts (so tty(1) and
@@ -85,6 +85,14 @@ def launch(spec):
         except OSError as e:
             raise _clone_error(e, plan) from None
         if pid == 0:
+            # init never execs, so O_CLOEXEC does not apply: close the launcher's
+            # cgroup and BPF program fds or init would hold them for its lifetime.
+            if cg:
+                for fd in cg.fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
             os.close(go_w)
             os.close(err_r)
             if tty:
@@ -103,6 +111,10 @@ def launch(spec):
             os.waitpid(pid, 0)
             pid = 0
             raise
+        if cg and cg.dirfd < 0 and cg.path:
+            # cgroup v1 fallback: clone3 cannot join a v1 cgroup, so join by pid
+            # before init is allowed to go on.
+            cg.join(pid)
         channel.pause_point(plan, "after-clone")
         os.write(go_w, b"G")
         os.close(go_w)
