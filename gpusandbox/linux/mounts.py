@@ -30,13 +30,14 @@ def _open(rootfd, rel, flags, resolve):
     return k.openat2(rootfd, rel, flags | k.O_PATH, 0, resolve)
 
 
-def open_target(rootfd, path, kind="dir", create=True, strict=False, mode=0o755):
+def open_target(rootfd, path, kind="dir", create=True, strict=False):
     """O_PATH fd of `path` inside the root, creating it (and its parents)
     when missing: a directory, or an empty regular file for kind="file".
 
     strict=True refuses symlinks on the way (used for the system mount
-    points).  Creation happens through the parent's fd with O_EXCL/NOFOLLOW,
-    so a racing symlink swap can only make the call fail, never escape."""
+    points).  Missing parts are created where the image's own symlinks lead
+    (inside the root), one component at a time with O_NOFOLLOW, so a racing
+    symlink swap can only make the call fail, never escape."""
     rel = path.strip("/")
     resolve = _RES_STRICT if strict else _RES_IN_ROOT
     if not rel:
@@ -44,29 +45,23 @@ def open_target(rootfd, path, kind="dir", create=True, strict=False, mode=0o755)
     try:
         fd = _open(rootfd, rel, 0, resolve)
     except OSError as e:
-        if e.errno == errno.ELOOP and strict:
+        if e.errno in (errno.ELOOP, errno.EXDEV) and strict:
             raise MountError(e.errno, f"the image has a symlink at or above {path}; "
                              "refusing to mount over it") from None
         if e.errno != errno.ENOENT or not create:
             raise MountError(e.errno, f"cannot resolve {path} in the root: "
                              f"{os.strerror(e.errno)}") from None
-        parent, _, name = rel.rpartition("/")
-        pfd = open_target(rootfd, parent, "dir", True, strict)
+        have, missing = _canonical(rootfd, path, follow=not strict)
+        pfd = _walk_create(rootfd, have + missing[:-1])
         try:
-            try:
-                if kind == "dir":
-                    os.mkdir(name, mode, dir_fd=pfd)
-                else:
-                    os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY
-                                     | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=pfd))
-            except FileExistsError:
-                pass
-            except OSError as e2:
-                raise MountError(e2.errno, f"cannot create mount point {path} in the "
-                                 f"root: {os.strerror(e2.errno)}") from None
+            _create(pfd, missing[-1], kind, path)
         finally:
             os.close(pfd)
-        fd = _open(rootfd, rel, 0, resolve)
+        try:
+            fd = _open(rootfd, rel, 0, resolve)
+        except OSError as e2:
+            raise MountError(e2.errno, f"cannot resolve {path} in the root: "
+                             f"{os.strerror(e2.errno)}") from None
     st = os.fstat(fd)
     is_dir = stat.S_ISDIR(st.st_mode)
     if (kind == "dir") != is_dir:
@@ -74,6 +69,54 @@ def open_target(rootfd, path, kind="dir", create=True, strict=False, mode=0o755)
         want = "a directory" if kind == "dir" else "a file"
         raise MountError(errno.ENOTDIR if kind == "dir" else errno.EISDIR,
                          f"mount point {path} in the image is not {want}")
+    return fd
+
+
+def _create(dirfd, name, kind, path):
+    try:
+        if kind == "dir":
+            os.mkdir(name, 0o755, dir_fd=dirfd)
+        else:
+            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o644, dir_fd=dirfd))
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise MountError(e.errno, f"cannot create mount point {path} in the root: "
+                         f"{os.strerror(e.errno)}") from None
+
+
+def _walk_create(basefd, comps, modes_fd=None):
+    """O_PATH fd of base/comps, creating missing directories one component at
+    a time; O_NOFOLLOW on every step, so no step can leave `base`.  Modes are
+    copied from the same path under `modes_fd` when given (the image)."""
+    fd = os.dup(basefd)
+    try:
+        for i, comp in enumerate(comps):
+            mode = 0o755
+            if modes_fd is not None:
+                try:
+                    mode = stat.S_IMODE(os.lstat("/".join(comps[:i + 1]), dir_fd=modes_fd).st_mode)
+                except OSError:
+                    pass
+            try:
+                os.mkdir(comp, mode, dir_fd=fd)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise MountError(e.errno, f"cannot create /{'/'.join(comps[:i + 1])} in the "
+                                 f"root: {os.strerror(e.errno)}") from None
+            try:
+                nfd = os.open(comp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=fd)
+            except OSError as e:
+                raise MountError(e.errno, f"/{'/'.join(comps[:i + 1])} changed while the "
+                                 "sandbox was being set up") from None
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -138,7 +181,7 @@ def open_host_node(host_path, major, minor):
 # the overlay is mounted, at the place the image's own symlinks lead to.
 
 
-def _canonical(lowerfd, path, max_links=40):
+def _canonical(lowerfd, path, max_links=40, follow=True):
     """Split `path` into (existing canonical components, missing components),
     following the image's symlinks as the image would (inside its root)."""
     todo = [c for c in path.split("/") if c and c != "."]
@@ -159,6 +202,9 @@ def _canonical(lowerfd, path, max_links=40):
             raise MountError(errno.ENOTDIR, f"a component of {path} in the image is "
                              "not a directory") from None
         if stat.S_ISLNK(st.st_mode):
+            if not follow:
+                raise MountError(errno.ELOOP, f"the image has a symlink at or above {path}; "
+                                 "refusing to mount over it")
             hops += 1
             if hops > max_links:
                 raise MountError(errno.ELOOP, f"too many symlinks resolving {path} in the image")
@@ -174,25 +220,6 @@ def _canonical(lowerfd, path, max_links=40):
     return cur, []
 
 
-def _upper_dir(lowerfd, upperfd, comps):
-    """O_PATH fd of `comps` inside the upper layer, creating the directories
-    with the modes they have in the image (the merged view shows them)."""
-    fd = os.dup(upperfd)
-    for i, comp in enumerate(comps):
-        try:
-            mode = stat.S_IMODE(os.lstat("/".join(comps[:i + 1]), dir_fd=lowerfd).st_mode)
-        except FileNotFoundError:
-            mode = 0o755
-        try:
-            os.mkdir(comp, mode, dir_fd=fd)
-        except FileExistsError:
-            pass
-        nfd = os.open(comp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-        os.close(fd)
-        fd = nfd
-    return fd
-
-
 def prepare_upper(lowerfd, upperfd, points, links):
     """Create in the upper layer every mount point in `points` ((path, kind)
     with kind "dir" or "file") that the image lacks, and every link in
@@ -203,7 +230,7 @@ def prepare_upper(lowerfd, upperfd, points, links):
         have, missing = _canonical(lowerfd, path)
         if not missing:
             continue
-        fd = _upper_dir(lowerfd, upperfd, have + missing[:-1])
+        fd = _walk_create(upperfd, have + missing[:-1], lowerfd)
         try:
             if kind == "dir":
                 try:
@@ -218,7 +245,7 @@ def prepare_upper(lowerfd, upperfd, points, links):
     for path, target in links:
         parent, _, name = path.rstrip("/").rpartition("/")
         have, missing = _canonical(lowerfd, parent)
-        fd = _upper_dir(lowerfd, upperfd, have + missing)
+        fd = _walk_create(upperfd, have + missing, lowerfd)
         try:
             try:
                 os.unlink(name, dir_fd=fd)

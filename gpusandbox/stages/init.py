@@ -213,6 +213,15 @@ def _loopback_up():
         ipr.link("set", index=idx[0], state="up")
 
 
+def _close_except(keep):
+    low = 3
+    for fd in sorted(keep) + [0x7FFFFFFF]:
+        if fd >= low:
+            if fd > low:
+                k.syscall("close_range", low, fd - 1, 0)
+            low = fd + 1
+
+
 def _open_pty(sock):
     """A pty in the sandbox's devpts; the master goes to the launcher."""
     import ctypes
@@ -238,6 +247,9 @@ def run(plan, go_r, err_w, tty_sock):
         if os.read(go_r, 1) != b"G":
             os._exit(125)
         os.close(go_r)
+        # Nothing the caller's process left open stays open in the sandbox's
+        # init for its whole life (stdio, the error pipe and the tty socket stay).
+        _close_except({0, 1, 2, err_w} | ({tty_sock.fileno()} if tty_sock else set()))
         k.set_comm("gpusandbox-init")
         # Leave the caller's process group and session: keyboard signals reach
         # the launcher only, which forwards them once.
