@@ -50,8 +50,36 @@ def mount_points(plan):
     return points, links
 
 
+def _job_fds(env):
+    """Descriptors a batch system hands the job by number: srun's PMI-2 socket
+    (PMI_FD).  They stay open through to the command, as for any srun task;
+    nothing else the caller left open does."""
+    fds = []
+    val = env.get("PMI_FD")
+    if val and val.isdigit():
+        try:
+            os.fstat(int(val))
+            fds.append(int(val))
+        except OSError:
+            pass
+    return tuple(fds)
+
+
+def _job_binds(env):
+    """PMIx clients reach the server through unix sockets in its temporary
+    directories; they appear at the same path inside."""
+    from .spec import Bind
+    out = []
+    for key in ("PMIX_SERVER_TMPDIR", "PMIX_SYSTEM_TMPDIR"):
+        path = env.get(key)
+        if path and path.startswith("/") and os.path.isdir(path) and \
+                not any(b.dst == path for b in out):
+            out.append(Bind(path, os.path.normpath(path), True))
+    return out
+
+
 class LaunchPlan:
-    __slots__ = ("points", "links", "spec", "rootfs", "clone_flags", "userns", "idmap", "cmd_uid", "cmd_gid",
+    __slots__ = ("keep_fds", "points", "links", "spec", "rootfs", "clone_flags", "userns", "idmap", "cmd_uid", "cmd_gid",
                  "clear_groups", "caps", "env", "argv", "workdir", "hostname", "binds",
                  "edits", "seccomp", "device_rules", "notes", "real_root", "devpts_gid",
                  "warnings")
@@ -237,7 +265,8 @@ def build(spec, host_env=None):
     plan.argv = spec.argv
     plan.workdir = spec.workdir or image_cwd or "/"
     plan.hostname = spec.hostname or "gpusandbox"
-    plan.binds = spec.binds
+    plan.keep_fds = _job_fds(plan.env)
+    plan.binds = _job_binds(plan.env) + spec.binds
     plan.points, plan.links = mount_points(plan)
     if spec.seccomp != "unconfined":
         from .linux import seccomp

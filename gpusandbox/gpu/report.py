@@ -141,3 +141,20 @@ def main_list(argv):
         for path in data[group]:
             print(f"  {path}")
     return 0
+
+
+@register_info_lines
+def _isolation(host):
+    """How a launch by this caller keeps GPUs apart (issue: never pretend)."""
+    from gpusandbox.linux import cgroup
+    st = cgroup.status()
+    if st.get("bpf_filter"):
+        how = f"cgroup BPF device filter (cgroup2 at {st['cgroup2']}) + bind-mounted nodes"
+    elif st.get("v1_devices") and os.geteuid() == 0:
+        how = "cgroup v1 devices controller + bind-mounted nodes"
+    else:
+        why = st.get("bpf_why") or st.get("error") or "no cgroup device filter available"
+        how = (f"bind-mounted nodes only ({why}); under Slurm the job's own device "
+               "cgroup still applies")
+    return [("device isolation", how),
+            ("cgroup delegated", "yes" if st.get("delegated") else "no")]

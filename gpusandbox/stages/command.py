@@ -57,6 +57,8 @@ def run(plan, err_w, wdfd, tty_slave):
         # Every fd but stdio (and the error pipe, already CLOEXEC) is closed by
         # the execve: no host directory fd survives into the image (CVE-2024-21626).
         k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
+        for fd in plan.keep_fds:  # srun's PMI_FD: the job's own channel to slurmstepd
+            os.set_inheritable(fd, True)
         pause_point(plan, "before-exec")
         path = _lookup(plan.argv[0], plan.env.get("PATH"))
         if path is None:

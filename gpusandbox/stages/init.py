@@ -249,7 +249,8 @@ def run(plan, go_r, err_w, tty_sock):
         os.close(go_r)
         # Nothing the caller's process left open stays open in the sandbox's
         # init for its whole life (stdio, the error pipe and the tty socket stay).
-        _close_except({0, 1, 2, err_w} | ({tty_sock.fileno()} if tty_sock else set()))
+        _close_except({0, 1, 2, err_w, *plan.keep_fds}
+                      | ({tty_sock.fileno()} if tty_sock else set()))
         k.set_comm("gpusandbox-init")
         # Leave the caller's process group and session: keyboard signals reach
         # the launcher only, which forwards them once.

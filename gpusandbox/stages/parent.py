@@ -134,9 +134,10 @@ def launch(spec):
             except OSError:
                 pass
         if cg:
+            seen = len(cg.notes)
             cg.teardown()
             if spec.verbose:
-                for note in cg.notes[-1:]:
+                for note in cg.notes[seen:]:
                     _say(note)
     return status
 
