@@ -30,7 +30,13 @@ def main(argv=None):
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":
         from .cli import main_run
-        return main_run(rest)
+        code = main_run(rest)
+        # Skip interpreter finalisation (a few ms of module teardown on every
+        # launch): everything the launcher owns is already released.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        import os
+        os._exit(code)
     if cmd == "info":
         return _report_cmd("gpusandbox.gpu.report", "main_info", rest)
     if cmd == "list":

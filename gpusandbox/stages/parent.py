@@ -97,9 +97,13 @@ def launch(spec):
             os.close(err_r)
             if tty:
                 tty[0].close()
-            from . import init
-            init.run(plan, go_r, err_w, tty[1] if tty else None)
-            os._exit(125)
+            # The child must never return into the launcher's code (its
+            # finally blocks would tear down the cgroup from inside).
+            try:
+                from . import init
+                init.run(plan, go_r, err_w, tty[1] if tty else None)
+            finally:
+                os._exit(125)
         os.close(go_r)
         os.close(err_w)
         if tty:
