@@ -406,6 +406,7 @@ class CgroupHandle:
         self.dirfd = -1          # O_PATH fd of the v2 leaf for CLONE_INTO_CGROUP
         self.path = None         # the leaf, v2 or (fallback) v1 devices
         self.notes = []
+        self.warnings = []       # always shown: what the user asked for and did not get
         self.filter = None       # 'bpf' | 'v1' | None
         self.prog_id = None
         self.version = None      # 2 or 1 when a leaf exists
@@ -555,7 +556,9 @@ def prepare(parent=None, limits=None, device_rules=None, best_effort=False,
 def _fail_or_note(h, best_effort, err):
     if not best_effort:
         raise err
-    h.note(f"{err.line()} (continuing: {BEST_EFFORT_OPTION})")
+    line = f"{err.line()} (continuing: {BEST_EFFORT_OPTION})"
+    h.note(line)
+    h.warnings.append(line)
 
 
 def _rootless_filter_note(h):

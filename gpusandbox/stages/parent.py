@@ -65,6 +65,9 @@ def launch(spec):
         import socket
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     cg = _cgroup(plan, spec)
+    if cg and not spec.verbose:
+        for w in cg.warnings:
+            _say(f"warning: {w}")
     if spec.verbose:
         for note in (cg.notes if cg else ["cgroup: none (the cgroup layer is not available)"]):
             _say(note)

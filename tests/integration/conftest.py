@@ -209,3 +209,42 @@ def kill_quietly(proc):
     except ProcessLookupError:
         pass
     proc.wait(timeout=10)
+
+
+class SimHost:
+    """A simulated GPU host made by `gpusandbox sim create`: root is the
+    driver root; info is the description the sim printed (--json): GPUs with
+    index, uuid, bus_id, minor, and their MIG devices with uuid and minors."""
+
+    def __init__(self, root, info):
+        self.root = root
+        self.info = info
+
+    @property
+    def gpus(self):
+        return self.info["gpus"]
+
+    def mig(self, gpu, gi, ci=0):
+        return next(m for m in self.gpus[gpu]["mig"] if (m["gi"], m["ci"]) == (gi, ci))
+
+    def __str__(self):
+        return self.root
+
+
+@pytest.fixture(scope="session")
+def sim_host(cli):
+    """4 simulated GPUs, two MIG devices (gi 1 and gi 2, ci 0) on GPU 2, in a
+    world-readable /tmp/gsbx-test-sim-* (on a filesystem without nodev, so
+    its device nodes reach the driver layer: ENXIO, or EPERM from a filter)."""
+    import json
+    base = tempfile.mkdtemp(prefix="gsbx-test-sim-", dir="/tmp")
+    os.chmod(base, 0o755)
+    root = os.path.join(base, "host")
+    try:
+        res = subprocess.run([cli, "sim", "create", root, "--gpus", "4", "--mig", "2:1:0,2:2:0",
+                              "--json"], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        yield SimHost(root, json.loads(res.stdout))
+    finally:
+        subprocess.run([cli, "sim", "destroy", root], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)

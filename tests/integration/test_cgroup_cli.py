@@ -1,0 +1,346 @@
+"""The sandbox's cgroup as a user sees it (issue 4, 'Verified'): the BPF
+device filter, its cleanup, resource limits and --cgroup-parent, through the
+installed CLI, as root and as an unprivileged user.
+
+The filter is observed where only it can decide: the command reopens, through
+/proc/self/fd/0, a device node the caller passed as an O_PATH stdin.  The
+node lives on a host filesystem mounted without nodev, so the open reaches
+the device cgroup check and then the driver: EPERM means the filter refused
+it, ENXIO that it let it through to a major without a driver (the simulated
+host's nodes).  A -v bind cannot serve here: the launcher mounts every bind
+nodev, so any node under it fails with EACCES before the filter is asked
+(test_bound_device_nodes_are_nodev).
+"""
+import ctypes
+import os
+import re
+import signal
+import stat
+import struct
+import subprocess
+import time
+
+import pytest
+
+from .conftest import kill_quietly, pids_with, wait_for
+
+UNIFIED = "/sys/fs/cgroup/unified"
+REOPEN = ("import errno, os\n"
+          "try:\n"
+          "    os.open('/proc/self/fd/0', os.O_RDWR)\n"
+          "    print('OK')\n"
+          "except OSError as e:\n"
+          "    print(errno.errorcode[e.errno])\n")
+
+
+def _cgroup2_at_unified():
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return any(ln.split()[4] == UNIFIED and " - cgroup2 " in ln for ln in f)
+    except OSError:
+        return False
+
+
+def _v1_bound(controller):
+    try:
+        with open("/proc/cgroups") as f:
+            for line in f:
+                fields = line.split()
+                if fields and fields[0] == controller:
+                    return fields[1] != "0"
+    except OSError:
+        pass
+    return False
+
+
+needs_hybrid = pytest.mark.skipif(not _cgroup2_at_unified(),
+                                  reason=f"needs the hybrid layout (cgroup2 at {UNIFIED})")
+
+
+def notes(stderr):
+    """(leaf path, BPF program id) from --verbose lines."""
+    leaf = re.search(r"^gpusandbox: cgroup: (/\S+)$", stderr, re.M)
+    prog = re.search(r"^gpusandbox: device filter: BPF program id (\d+) attached", stderr, re.M)
+    return (leaf.group(1) if leaf else None), (int(prog.group(1)) if prog else None)
+
+
+def read_verbose(proc, want=2, timeout=20):
+    """stderr lines of a running launcher until `want` setup notes arrived."""
+    lines = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and len([ln for ln in lines if "cgroup: /" in ln
+                                          or "BPF program id" in ln]) < want:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+    return "".join(lines)
+
+
+def sandbox_pids(marker):
+    """{comm: pid} of the sandbox's init and command once the command runs
+    (the launcher and init share the launcher's command line)."""
+    def found():
+        out = {}
+        for pid in pids_with(marker):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    out[f.read().strip()] = pid
+            except OSError:
+                pass
+        return out if {"sleep", "gpusandbox-init"} <= set(out) else None
+    return wait_for(found) or {}
+
+
+def prog_alive(ident):
+    from gpusandbox.linux import bpfdev
+    return bpfdev.prog_alive(ident)
+
+
+def prog_info(ident):
+    """(type, name) of a loaded BPF program, by id (struct bpf_prog_info:
+    type at 0, name[16] at 64)."""
+    from gpusandbox.linux import bpfdev
+    from gpusandbox.linux import sys as k
+    attr = ctypes.create_string_buffer(128)
+    struct.pack_into("=I", attr, 0, ident)
+    fd = k.syscall("bpf", ctypes.c_int(bpfdev.BPF_PROG_GET_FD_BY_ID), ctypes.byref(attr),
+                   ctypes.c_uint(len(attr)))
+    try:
+        info = ctypes.create_string_buffer(80)
+        attr = ctypes.create_string_buffer(128)
+        struct.pack_into("=IIQ", attr, 0, fd, len(info), ctypes.addressof(info))
+        k.syscall("bpf", ctypes.c_int(bpfdev.BPF_OBJ_GET_INFO_BY_FD), ctypes.byref(attr),
+                  ctypes.c_uint(len(attr)))
+    finally:
+        os.close(fd)
+    return struct.unpack_from("=I", info, 0)[0], info.raw[64:80].split(b"\0")[0].decode()
+
+
+def attached(leaf):
+    from gpusandbox.linux import bpfdev
+    fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return bpfdev.query(fd)[1]
+    finally:
+        os.close(fd)
+
+
+def assert_released(leaf, prog):
+    assert wait_for(lambda: not os.path.exists(leaf), timeout=10), f"{leaf} left behind"
+    # cgroup_bpf_release runs from a workqueue once the cgroup is freed.
+    assert wait_for(lambda: not prog_alive(prog), timeout=10), f"BPF program {prog} still loaded"
+
+
+# --- the device filter ------------------------------------------------------------------
+
+@pytest.fixture
+def block_node(runner, shared_tmp):
+    """A block device node (loop0's numbers) on a filesystem without nodev,
+    owned by the user the launch runs as."""
+    path = shared_tmp / "blk"
+    os.mknod(path, 0o600 | stat.S_IFBLK, os.makedev(7, 0))
+    os.chown(path, runner.uid, runner.gid)
+    return path
+
+
+def reopen_in_sandbox(runner, sim, rootfs, node):
+    fd = os.open(node, os.O_PATH | os.O_CLOEXEC)
+    try:
+        r = subprocess.run(runner.argv(["--verbose", "--driver-root", sim.root, "--gpus", "0,1",
+                                        str(rootfs), "python3", "-c", REOPEN]),
+                           stdin=fd, capture_output=True, text=True, timeout=60,
+                           env=runner.env(), cwd="/")
+    finally:
+        os.close(fd)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip(), r.stderr
+
+
+@needs_hybrid
+def test_filter_refuses_unselected_nodes(runner, sim_host, rootfs, block_node):
+    gpu2, why2 = reopen_in_sandbox(runner, sim_host, rootfs, f"{sim_host.root}/dev/nvidia2")
+    gpu0, why0 = reopen_in_sandbox(runner, sim_host, rootfs, f"{sim_host.root}/dev/nvidia0")
+    blk, _ = reopen_in_sandbox(runner, sim_host, rootfs, str(block_node))
+    # GPU 0 is selected: the filter lets it through, the (absent) driver answers.
+    assert gpu0 == "ENXIO"
+    if runner.mode == "root":
+        assert gpu2 == "EPERM" and blk == "EPERM"
+        assert notes(why2)[1] is not None, why2
+    else:
+        # Rootless: no filter, and --verbose says so rather than hiding it.
+        assert gpu2 == "ENXIO" and blk != "EPERM"
+        assert "gpusandbox: device filter: not applied (rootless" in why2, why2
+        assert "BPF program" not in why2
+
+
+def test_bound_device_nodes_are_nodev(runner, sim_host, rootfs):
+    dev = f"{sim_host.root}/dev"
+    code = ("import errno, os\n"
+            "for p in ('/dev/nvidia0', '/dev/nvidia2', '/hostdev/nvidia0'):\n"
+            "    try:\n        os.open(p, os.O_RDWR); print('OK')\n"
+            "    except OSError as e:\n        print(errno.errorcode[e.errno])\n")
+    r = runner.run(["--driver-root", sim_host.root, "--gpus", "0", "-v", f"{dev}/nvidia2:/dev/nvidia2",
+                    "-v", f"{dev}:/hostdev", str(rootfs), "python3", "-c", code])
+    assert r.returncode == 0, r.stderr
+    # The injected node reaches the driver; -v binds never open a device.
+    assert r.stdout.split() == ["ENXIO", "EACCES", "EACCES"]
+
+
+# --- leaf and program lifecycle (root) ------------------------------------------------
+
+@needs_hybrid
+def test_running_sandbox_sits_in_our_leaf_with_our_program(root_runner, rootfs):
+    marker = "876.54321"
+    p = root_runner.popen(["--verbose", str(rootfs), "sleep", marker])
+    try:
+        leaf, prog = notes(read_verbose(p))
+        assert leaf and prog, "no cgroup/BPF notes under --verbose"
+        assert os.path.dirname(leaf) == UNIFIED and os.path.basename(leaf).startswith(
+            f"gpusandbox-{p.pid}-")
+        pids = sandbox_pids(marker)
+        with open(f"{leaf}/cgroup.procs") as f:
+            members = f.read().split()
+        assert sorted(members) == sorted([str(pids["gpusandbox-init"]), str(pids["sleep"])])
+        with open(f"/proc/{pids['sleep']}/cgroup") as f:
+            assert f"0::/{os.path.basename(leaf)}\n" in f.read()
+        assert attached(leaf) == [prog]
+        assert prog_info(prog) == (15, "gpusandbox_dev")   # BPF_PROG_TYPE_CGROUP_DEVICE
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 143
+    finally:
+        kill_quietly(p)
+    assert_released(leaf, prog)
+
+
+@needs_hybrid
+def test_cleanup_after_command_killed(root_runner, rootfs):
+    r = root_runner.run(["--verbose", str(rootfs), "sh", "-c", "kill -9 $$"])
+    assert r.returncode == 137
+    leaf, prog = notes(r.stderr)
+    assert leaf and prog, r.stderr
+    assert_released(leaf, prog)
+
+
+@needs_hybrid
+def test_cleanup_after_launcher_sigkill(root_runner, rootfs):
+    marker = "765.43219"
+    p = root_runner.popen(["--verbose", str(rootfs), "sleep", marker])
+    try:
+        leaf, prog = notes(read_verbose(p))
+        assert leaf and prog
+        assert wait_for(lambda: pids_with(marker))
+    finally:
+        kill_quietly(p)
+    assert wait_for(lambda: not pids_with(marker)), "sandbox survived its launcher"
+    # The next launch under the same parent removes the orphaned leaf.
+    r = root_runner.run(["--verbose", str(rootfs), "true"])
+    assert r.returncode == 0, r.stderr
+    assert_released(leaf, prog)
+    new_leaf, new_prog = notes(r.stderr)
+    assert new_leaf != leaf
+    assert_released(new_leaf, new_prog)
+
+
+# --- limits -----------------------------------------------------------------------
+
+@needs_hybrid
+def test_memory_limit_on_hybrid_host(runner, rootfs):
+    r = runner.run(["--memory", "256m", str(rootfs), "true"])
+    assert r.returncode == 125
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("gpusandbox: error: "), r.stderr
+    assert lines[1].startswith("hint: ")
+    if runner.mode == "root":
+        if not _v1_bound("memory"):
+            pytest.skip("the memory controller is not bound to cgroup v1 here")
+        assert "memory" in lines[0] and "--memory" in lines[0]
+        assert "bound to cgroup v1" in lines[0]
+    else:
+        # No delegated cgroup: the limit cannot be set, and the user is told how to get one.
+        assert "--memory" in lines[0] and "not writable" in lines[0]
+        assert "delegated" in lines[1]
+
+
+@needs_hybrid
+def test_best_effort_pids_limit_verbose(runner, rootfs):
+    r = runner.run(["--verbose", "--pids-limit", "50", "--best-effort-limits", str(rootfs),
+                    "true"])
+    assert r.returncode == 0, r.stderr
+    if runner.mode == "root":
+        assert re.search(r"pids \(--pids-limit\).*continuing: --best-effort-limits", r.stderr), \
+            r.stderr
+    else:
+        assert "cgroup: none" in r.stderr
+
+
+@needs_hybrid
+def test_best_effort_pids_limit_warns_without_verbose(runner, rootfs):
+    r = runner.run(["--pids-limit", "50", "--best-effort-limits", str(rootfs), "true"])
+    assert r.returncode == 0, r.stderr
+    assert "--pids-limit" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--memory", "bogus"], "--memory bogus: not a size"),
+    (["--memory", "1k"], "--memory 1k: below the 6 MiB minimum"),
+    (["--pids-limit", "0"], "--pids-limit 0: not a positive number"),
+    (["--cpus", "abc"], "--cpus abc: out of range"),
+])
+def test_bad_limit_is_a_usage_error(runner, rootfs, args, needle):
+    r = runner.run([*args, str(rootfs), "true"])
+    assert r.returncode == 125
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2, r.stderr
+    assert lines[0] == f"gpusandbox: error: {needle}"
+    assert lines[1].startswith("hint: ")
+
+
+# --- --cgroup-parent ----------------------------------------------------------------
+
+@pytest.fixture
+def test_parent():
+    path = os.path.join(UNIFIED, f"gsbx-test-parent-{os.getpid()}-{os.urandom(3).hex()}")
+    os.mkdir(path)
+    yield path
+    for d in sorted((top for top, _, _ in os.walk(path)), key=len, reverse=True):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+@needs_hybrid
+def test_cgroup_parent_holds_the_leaf(root_runner, rootfs, test_parent):
+    marker = "654.32198"
+    name = os.path.basename(test_parent)
+    p = root_runner.popen(["--verbose", "--cgroup-parent", test_parent, str(rootfs), "sleep",
+                           marker])
+    try:
+        leaf, prog = notes(read_verbose(p))
+        assert leaf and os.path.dirname(leaf) == test_parent
+        pids = sandbox_pids(marker)
+        with open(f"/proc/{pids['sleep']}/cgroup") as f:
+            line = next(ln for ln in f.read().splitlines() if ln.startswith("0::"))
+        assert line == f"0::/{name}/{os.path.basename(leaf)}"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 143
+    finally:
+        kill_quietly(p)
+    assert_released(leaf, prog)
+    # The parent as /proc/<pid>/cgroup names it works too.
+    r = root_runner.run(["--verbose", "--cgroup-parent", f"/{name}", str(rootfs), "true"])
+    assert r.returncode == 0, r.stderr
+    assert os.path.dirname(notes(r.stderr)[0]) == test_parent
+    assert not [n for n in os.listdir(test_parent) if n.startswith("gpusandbox-")]
+
+
+@needs_hybrid
+def test_missing_cgroup_parent(runner, rootfs):
+    r = runner.run(["--cgroup-parent", f"{UNIFIED}/gsbx-test-no-such-parent", str(rootfs), "true"])
+    assert r.returncode == 125
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2, r.stderr
+    assert lines[0].startswith("gpusandbox: error: --cgroup-parent "
+                               f"{UNIFIED}/gsbx-test-no-such-parent: no such cgroup")
+    assert lines[1].startswith("hint: ")
