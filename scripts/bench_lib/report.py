@@ -1,0 +1,133 @@
+"""The table on stdout, the targets, and the summary of a profile."""
+import re
+
+REF = "gsbx-rootless-gpu"
+PEER_FAMILIES = ("bwrap", "crun", "runc", "podman", "floor")
+
+
+def ratios(launchers):
+    """{gpusandbox variant: {peer row: variant median / peer median}}, peers
+    of the same mode only (rootless against rootless, root against root)."""
+    ok = {l.name: l for l in launchers if l.status == "ok" and l.samples}
+    out = {}
+    for g in (l for l in ok.values() if l.family == "gsbx"):
+        row = {}
+        for p in ok.values():
+            if p.family in PEER_FAMILIES and p.mode == g.mode:
+                row[p.name] = round(g.stats["median_ms"] / p.stats["median_ms"], 2)
+        out[g.name] = row
+    return out
+
+
+def _fmt(v, spec=".1f"):
+    return "-" if v is None else format(v, spec)
+
+
+def table(launchers, write):
+    ref = next((l for l in launchers if l.name == REF and l.status == "ok"), None)
+    write(f"{'launcher':<22}{'median':>9}{'min':>9}{'max':>9}{'cpu':>9}{'n':>5}"
+          f"  {REF + ' / row':>24}")
+    write(f"{'':<22}{'ms':>9}{'ms':>9}{'ms':>9}{'ms':>9}")
+    for l in launchers:
+        if l.status != "ok":
+            write(f"{l.name:<22}  {l.status}: {l.reason}")
+            continue
+        s = l.stats
+        ratio = "-"
+        if ref is not None:
+            ratio = f"{ref.stats['median_ms'] / s['median_ms']:.2f}x"
+        write(f"{l.name:<22}{s['median_ms']:>9.2f}{s['min_ms']:>9.2f}{s['max_ms']:>9.2f}"
+              f"{_fmt(s.get('cpu_median_ms'), '.2f'):>9}{s['n']:>5}  {ratio:>24}")
+
+
+def legend(write):
+    write("cpu: median user+system time of the launcher and the processes it reaped itself"
+          " (wait4); podman's conmon is not among them.")
+
+
+def ratio_matrix(rat, write):
+    fams = {p.split("-")[0] for row in rat.values() for p in row}
+    peers = [f for f in PEER_FAMILIES if f in fams]
+    if not rat or not peers:
+        return
+    write("")
+    write("gpusandbox variant median / peer median, same mode (1.00x = as fast):")
+    write(f"{'':<22}" + "".join(f"{p:>9}" for p in peers))
+    for g, row in rat.items():
+        mode = g.split("-")[1]
+        cells = [row.get(f"{p}-{mode}") for p in peers]
+        write(f"{g:<22}" + "".join(f"{_fmt(c, '.2f') + ('x' if c else ''):>9}" for c in cells))
+
+
+def _target(name, value, limit, unit, op="<="):
+    if value is None or limit is None:
+        return {"target": name, "value": value, "limit": limit, "unit": unit,
+                "status": "n/a"}
+    ok = value <= limit if op == "<=" else value < limit
+    return {"target": name, "value": round(value, 3), "limit": round(limit, 3),
+            "unit": unit, "status": "PASS" if ok else "MISS"}
+
+
+def targets(launchers, conc, disco, mem):
+    by = {l.name: l for l in launchers if l.status == "ok" and l.samples}
+    ref = by.get(REF)
+    crun = by.get("crun-rootless")
+    bw = by.get("bwrap-rootless")
+    out = [
+        _target("rootless --gpus 0,1 median <= 1.0x crun rootless",
+                ref.stats["median_ms"] if ref else None,
+                crun.stats["median_ms"] * 1.0 if (ref and crun) else None, "ms"),
+        _target("rootless --gpus 0,1 median <= 2.5x bwrap rootless (same binds)",
+                ref.stats["median_ms"] if ref else None,
+                bw.stats["median_ms"] * 2.5 if (ref and bw) else None, "ms"),
+    ]
+    g = conc.get(REF) if conc else None
+    b = conc.get("bwrap-rootless") if conc else None
+    out.append(_target(f"{conc.get('n', '?') if conc else '?'} concurrent launches: "
+                       "total wall <= 2x bwrap's",
+                       g["median_ms"] if g else None,
+                       b["median_ms"] * 2 if (g and b) else None, "ms"))
+    out.append(_target("GPU discovery (ld.so.cache ~2000 entries) < 5 ms",
+                       disco.get("median_ms") if disco else None, 5.0, "ms", op="<"))
+    worst = None
+    for v in (mem or {}).values():
+        if isinstance(v, dict) and "rss_mb" in v:
+            worst = max(worst or 0, v["rss_mb"])
+    out.append(_target("memory of gpusandbox's processes during a run <= 25 MB (RSS sum)",
+                       worst, 25.0, "MB"))
+    return out
+
+
+def print_targets(tgts, write):
+    write("")
+    write("targets (issue 8):")
+    for t in tgts:
+        if t["status"] == "n/a":
+            write(f"  n/a   {t['target']} (not measured)")
+        else:
+            write(f"  {t['status']:<5} {t['target']}: {t['value']} {t['unit']}"
+                  f" (limit {t['limit']} {t['unit']})")
+
+
+_IMPORT_LINE = re.compile(r"import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s*)(\S+)")
+
+
+def importtime(text, top=15):
+    """Summarise `python -X importtime` output: total, the costliest modules
+    by own time, and the top-level imports by cumulative time."""
+    rows = []
+    for line in text.splitlines():
+        m = _IMPORT_LINE.match(line)
+        if m:
+            depth = (len(m.group(3)) - 1) // 2
+            rows.append((m.group(4), int(m.group(1)), int(m.group(2)), depth))
+    total = sum(r[1] for r in rows)
+    by_self = sorted(rows, key=lambda r: -r[1])[:top]
+    top_level = sorted((r for r in rows if r[3] == 0), key=lambda r: -r[2])[:top]
+    return {
+        "modules": len(rows),
+        "total_ms": round(total / 1000, 2),
+        "top_self_ms": [[r[0], round(r[1] / 1000, 2)] for r in by_self],
+        "top_level_cumulative_ms": [[r[0], round(r[2] / 1000, 2)] for r in top_level],
+        "gpusandbox_modules": sorted(r[0] for r in rows if r[0].startswith("gpusandbox")),
+    }
