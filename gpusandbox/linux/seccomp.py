@@ -400,8 +400,25 @@ _HDR = struct.Struct("<8sIIII")     # magic, context len, profile len, prog len,
 def cache_dir():
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):           # the XDG spec says to ignore relative paths
-        base = os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(_home(), ".cache")
     return os.path.join(base, "gpusandbox", "seccomp")
+
+
+def _home():
+    """$HOME when it is the caller's own, else the passwd entry's: a HOME
+    inherited across su/setpriv/sudo names another user's directory, where
+    the cache could neither be written nor trusted."""
+    home = os.environ.get("HOME", "")
+    try:
+        if os.path.isabs(home) and os.stat(home).st_uid == os.geteuid():
+            return home
+    except OSError:
+        pass
+    import pwd
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_dir
+    except KeyError:
+        return home or "/"
 
 
 def _private_dir(d):
