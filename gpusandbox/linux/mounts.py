@@ -225,32 +225,50 @@ def prepare_upper(lowerfd, upperfd, points, links):
     with kind "dir" or "file") that the image lacks, and every link in
     `links` ((path, target)).  Only the upper layer is written: it holds
     nothing but what this function creates, and the image is read with
-    lstat/readlink relative to its root fd."""
-    for path, kind in points:
-        have, missing = _canonical(lowerfd, path)
-        if not missing:
-            continue
-        fd = _walk_create(upperfd, have + missing[:-1], lowerfd)
+    lstat/readlink relative to its root fd.  GPU injection puts dozens of
+    files in one directory, so parents are resolved once."""
+    parents = {}
+    dirs = {}
+
+    def parent_of(path):
+        parent = path.rstrip("/").rpartition("/")[0]
+        if parent not in parents:
+            parents[parent] = _canonical(lowerfd, parent)
+        return parents[parent]
+
+    def upper_dir(comps):
+        key = tuple(comps)
+        if key not in dirs:
+            dirs[key] = _walk_create(upperfd, comps, lowerfd)
+        return dirs[key]
+
+    def resolve(path):
+        have, missing = parent_of(path)
+        name = path.rstrip("/").rpartition("/")[2]
+        if missing:
+            return have, missing + [name]
         try:
-            if kind == "dir":
-                try:
-                    os.mkdir(missing[-1], 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            else:
-                os.close(os.open(missing[-1], os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, 0o644, dir_fd=fd))
-        finally:
-            os.close(fd)
-    for path, target in links:
-        parent, _, name = path.rstrip("/").rpartition("/")
-        have, missing = _canonical(lowerfd, parent)
-        fd = _walk_create(upperfd, have + missing, lowerfd)
-        try:
+            st = os.lstat("/".join(have + [name]), dir_fd=lowerfd)
+        except FileNotFoundError:
+            return have, [name]
+        if stat.S_ISLNK(st.st_mode):
+            return _canonical(lowerfd, path)
+        return have + [name], []
+
+    try:
+        for path, kind in points:
+            have, missing = resolve(path)
+            if missing:
+                _create(upper_dir(have + missing[:-1]), missing[-1], kind, path)
+        for path, target in links:
+            have, missing = parent_of(path)
+            fd = upper_dir(have + missing)
+            name = path.rstrip("/").rpartition("/")[2]
             try:
                 os.unlink(name, dir_fd=fd)
             except FileNotFoundError:
                 pass
             os.symlink(target, name, dir_fd=fd)
-        finally:
+    finally:
+        for fd in dirs.values():
             os.close(fd)
