@@ -105,6 +105,9 @@ def compile_profile(name_or_path, arch=None, cache=True):
     arch = arch or host_arch()
     path = profile_path(name_or_path)
     data = _read(path)
+    prog = _shipped(path, data, arch) if cache else None
+    if prog is not None:
+        return prog
     entry = _cache_entry(path, arch) if cache else None
     prog = _cache_load(entry, data, arch) if entry else None
     if prog is None:
@@ -112,6 +115,56 @@ def compile_profile(name_or_path, arch=None, cache=True):
         if entry:
             _cache_store(entry, data, arch, prog)
     return prog
+
+
+# --- programs shipped next to the profiles ----------------------------------------
+# The shipped profiles are compiled once, when they change, into
+# seccomp/<name>.<arch>.bpf (python -m gpusandbox.linux.seccomp --precompile),
+# so a launch by a user without a writable cache (a system account, a batch
+# user without a home) still pays neither json nor the compiler.  A unit test
+# fails when a .bpf no longer matches its profile.  They sit in the package's
+# own (root-owned) directory, trusted like the code that reads them.
+_SHIPPED_MAGIC = b"GSBXBPF1"
+
+
+def _shipped_blob(data, arch, prog):
+    import zlib
+    head = (f"{arch} {COMPILER_VERSION} {len(data)} {zlib.crc32(data)} "
+            f"{zlib.crc32(prog)}").encode()
+    return _SHIPPED_MAGIC + struct.pack("<H", len(head)) + head + prog
+
+
+def _shipped(path, data, arch):
+    """The precompiled program for a shipped profile whose bytes match, or None.
+    Profiles using minKernel depend on the running kernel: never precompiled."""
+    if b"minKernel" in data:
+        return None
+    try:
+        with open(f"{path[:-5]}.{arch}.bpf", "rb") as f:
+            blob = f.read()
+    except OSError:
+        return None
+    if not blob.startswith(_SHIPPED_MAGIC) or len(blob) < 10:
+        return None
+    n = struct.unpack_from("<H", blob, 8)[0]
+    prog = blob[10 + n:]
+    if blob != _shipped_blob(data, arch, prog) or not prog or len(prog) % _INSN.size:
+        return None
+    return prog
+
+
+def precompile(dirs=None):
+    """Write <profile>.<arch>.bpf for every shipped profile and architecture."""
+    written = []
+    for name in SHIPPED:
+        path = profile_path(name)
+        data = _read(path)
+        for arch in ("x86_64", "aarch64"):
+            out = f"{path[:-5]}.{arch}.bpf"
+            with open(out, "wb") as f:
+                f.write(_shipped_blob(data, arch, compile_bytes(data, arch, path)))
+            written.append(out)
+    return written
 
 
 def compile_bytes(data, arch, where="<profile>"):
@@ -526,3 +579,12 @@ def install(prog, flags=0):
                22: "the kernel rejected the program or flags",
                38: "the kernel lacks seccomp filter support"}.get(e.errno, os.strerror(e.errno))
         raise OSError(e.errno, f"installing the seccomp filter failed: {why}") from None
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] == ["--precompile"]:
+        for p in precompile():
+            print(p)
+    else:
+        sys.exit("usage: python -m gpusandbox.linux.seccomp --precompile")

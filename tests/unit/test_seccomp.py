@@ -369,6 +369,8 @@ def test_unsupported_architecture():
 @pytest.fixture
 def cache_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    # These tests are about the per-user cache: leave the shipped programs out.
+    monkeypatch.setattr(seccomp, "_shipped", lambda *a: None)
     return tmp_path / "xdg" / "gpusandbox" / "seccomp"
 
 
@@ -446,3 +448,31 @@ def test_cache_entry_owned_by_someone_else_is_not_used(cache_home, monkeypatch):
     monkeypatch.setattr(seccomp, "compile_bytes", lambda *a: calls.append(1) or real(*a))
     seccomp.compile_profile("default", "x86_64")
     assert calls == [1] and entry.stat().st_uid == 0
+
+
+# --- programs shipped next to the profiles ----------------------------------------
+
+@pytest.mark.parametrize("name", seccomp.SHIPPED)
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_shipped_programs_match_their_profiles(name, arch):
+    """A profile edited without `python -m gpusandbox.linux.seccomp --precompile`
+    fails here (and would silently fall back to compiling at every launch)."""
+    path = seccomp.profile_path(name)
+    data = open(path, "rb").read()
+    assert seccomp._shipped(path, data, arch) == seccomp.compile_bytes(data, arch, path)
+
+
+def test_shipped_program_ignored_when_profile_changed(tmp_path):
+    src = seccomp.profile_path("default")
+    prof = tmp_path / "default.json"
+    data = open(src, "rb").read()
+    prof.write_bytes(data)
+    arch = seccomp.host_arch()
+    shipped = open(src[:-5] + f".{arch}.bpf", "rb").read()
+    (tmp_path / f"default.{arch}.bpf").write_bytes(shipped)
+    assert seccomp._shipped(str(prof), data, arch) is not None
+    changed = data.replace(b'"perf_event_open"', b'"perf_event_open", "kcmp"', 1)
+    assert changed != data
+    assert seccomp._shipped(str(prof), changed, arch) is None
+    (tmp_path / f"default.{arch}.bpf").write_bytes(shipped[:-8] + b"\0" * 8)
+    assert seccomp._shipped(str(prof), data, arch) is None
