@@ -244,28 +244,32 @@ def run(plan, go_r, err_w, tty_sock):
         # Die with the launcher.  The go pipe closes the race: a launcher that
         # died before this prctl leaves an EOF there instead of a "G".
         k.prctl(k.PR_SET_PDEATHSIG, 9)
-        if os.read(go_r, 1) != b"G":
-            os._exit(125)
-        os.close(go_r)
         # Nothing the caller's process left open stays open in the sandbox's
-        # init for its whole life (stdio, the error pipe and the tty socket stay).
-        _close_except({0, 1, 2, err_w, *plan.keep_fds}
+        # init for its whole life (stdio, the pipes and the tty socket stay).
+        _close_except({0, 1, 2, go_r, err_w, *plan.keep_fds}
                       | ({tty_sock.fileno()} if tty_sock else set()))
         k.set_comm("gpusandbox-init")
         # Leave the caller's process group and session: keyboard signals reach
         # the launcher only, which forwards them once.
         os.setsid()
-        # Not dumpable: the command cannot open /proc/1/exe, /proc/1/fd/* or
-        # ptrace this process (CVE-2019-5736 class).  After the id maps, which
-        # the launcher writes into /proc/<pid> of a still-dumpable child.
-        k.prctl(4, 0)  # PR_SET_DUMPABLE
-        pause_point(plan, "init-start")
+        # What needs no id map runs while the launcher writes the maps: the
+        # capabilities in a new user namespace exist from the clone on, and
+        # host paths are looked up with the caller's unchanged kernel uid.
         step = "setting the hostname"
         k.sethostname(plan.hostname)
         step = "making the mount tree private"
         k.mount(None, "/", None, k.MS_REC | k.MS_SLAVE)
         step = "opening host sources"
         src, nodes, mounts, binds = _open_sources(plan)
+        # Files created from here on need the caller's id mapped.
+        if os.read(go_r, 1) != b"G":
+            os._exit(125)
+        os.close(go_r)
+        # Not dumpable: the command cannot open /proc/1/exe, /proc/1/fd/* or
+        # ptrace this process (CVE-2019-5736 class).  After the id maps, which
+        # the launcher writes into /proc/<pid> of a still-dumpable child.
+        k.prctl(4, 0)  # PR_SET_DUMPABLE
+        pause_point(plan, "init-start")
         step = "building the root filesystem"
         rootfd = _rootfs(plan)
         step = "mounting /proc, /sys, /dev, /tmp, /run"

@@ -7,6 +7,7 @@ import sys
 
 from .. import plan as planmod
 from ..errors import SandboxError
+from ..linux import idmap
 from ..linux import sys as k
 from . import channel
 # Imported here rather than in the clone child: the child then starts work at
@@ -46,7 +47,6 @@ def _clone_error(e, plan):
 
 
 def _write_maps(plan, pid):
-    from ..linux import idmap
     if plan.idmap is None:
         return
     if plan.idmap[0] == "single":
