@@ -328,3 +328,42 @@ def test_bundle_config_env_and_cwd(runner, rootfs, shared_tmp):
     r = runner.run([str(bundle), "sh", "-c", "echo $FROM_OCI; pwd; echo ${IMAGE_VAR:-none}"])
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["yes", "/usr", "none"]
+
+
+@pytest.fixture
+def subid_user(test_user):
+    """Give the test user a subordinate range (once; our own test account)."""
+    for path in ("/etc/subuid", "/etc/subgid"):
+        text = open(path).read() if os.path.exists(path) else ""
+        if not any(line.startswith(f"{test_user.pw_name}:") for line in text.splitlines()):
+            with open(path, "a") as f:
+                f.write(f"{test_user.pw_name}:300000:65536\n")
+    return test_user
+
+
+def test_userns_subids_maps_a_full_range(rootless_runner, rootfs, subid_user):
+    r = sh(rootless_runner, rootfs, "cat /proc/self/uid_map; id -u; touch /tmp/f && "
+           "chown 1234:1234 /tmp/f && stat -c %u /tmp/f", "--userns", "subids", "--root")
+    assert r.returncode == 0, r.stderr
+    lines = [ln.split() for ln in r.stdout.splitlines()]
+    maps = [ln for ln in lines if len(ln) == 3]
+    assert ["0", str(subid_user.pw_uid), "1"] in maps
+    assert ["1", "300000", "65536"] in maps
+    assert lines[-2] == ["0"] and lines[-1] == ["1234"]
+
+
+def test_userns_subids_keeps_caller_uid(rootless_runner, rootfs, subid_user):
+    r = sh(rootless_runner, rootfs, "id -u; cat /proc/self/uid_map | wc -l", "--userns", "subids")
+    assert r.returncode == 0, r.stderr
+    uid, nmaps = r.stdout.split()
+    assert uid == str(subid_user.pw_uid) and int(nmaps) >= 2
+
+
+def test_userns_subids_without_range_is_one_clear_line(root_runner, rootfs, tmp_path):
+    # nobody has no subordinate range on this machine.
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+                        root_runner.cli, "run", "--userns", "subids", str(rootfs), "true"],
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 125
+    assert r.stderr.startswith("gpusandbox: error: --userns subids: no subordinate id range")
+    assert "hint: add a range" in r.stderr
