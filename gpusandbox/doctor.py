@@ -174,12 +174,23 @@ def check_cgroups(roots, euid):
         out.append(Check("launcher", "BPF device filter", PASS,
                          "not used rootless: the sandbox's /dev holds only the selected nodes"))
     elif st["bpf_filter"]:
-        out.append(Check("launcher", "BPF device filter", PASS, "a cgroup device program loads"))
+        out.append(Check("launcher", "BPF device filter", PASS,
+                         f"a cgroup device program loads ({_bpf_caps()})"))
     else:
         out.append(Check("launcher", "BPF device filter", WARN if st.get("v1_devices") else FAIL,
                          st["bpf_why"] or "unavailable",
                          "a kernel with CONFIG_CGROUP_BPF and a cgroup2 mount"))
     return out
+
+
+def _bpf_caps():
+    """Which of the launcher's effective capabilities allow loading the
+    program (python-prctl reads them; doctor is off the launch path)."""
+    import prctl
+    eff = prctl.cap_effective
+    held = [n for n, have in (("CAP_SYS_ADMIN", eff.sys_admin), ("CAP_BPF", eff.bpf),
+                              ("CAP_NET_ADMIN", eff.net_admin)) if have]
+    return "effective: " + (", ".join(held) if held else "none of CAP_SYS_ADMIN, CAP_BPF")
 
 
 def _rmtree(base):
