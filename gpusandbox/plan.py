@@ -109,7 +109,14 @@ def _image_root(image):
     image = os.path.abspath(image)
     bundle_root = os.path.join(image, "rootfs")
     config = None
-    if os.path.isfile(os.path.join(image, "config.json")) and os.path.isdir(bundle_root):
+    # A bundle's rootfs/ must be a real directory: a symlink there would let
+    # the image name any host directory as the root to mount.
+    try:
+        is_bundle = stat.S_ISDIR(os.lstat(bundle_root).st_mode) and \
+            os.path.isfile(os.path.join(image, "config.json"))
+    except OSError:
+        is_bundle = False
+    if is_bundle:
         config = k.read_in_root(image, "config.json", 4 << 20)
         image = bundle_root
     if not any(os.path.isdir(os.path.join(image, d)) for d in ("bin", "usr/bin", "sbin")):

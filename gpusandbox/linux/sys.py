@@ -177,22 +177,26 @@ def read_in_root(root, path, limit=64 << 20):
 
     The path is resolved with the tree as its root (RESOLVE_IN_ROOT), so an
     absolute or ../ symlink in the image stays inside it, and magic links
-    (/proc/self/...) are refused.  Returns None when the file is missing."""
+    (/proc/self/...) are refused.  Only a regular file is read: the name is
+    first opened O_PATH and checked, then that same inode is reopened, so an
+    image cannot make the launcher open a FIFO (a hang) or a device node (a
+    side effect of open, as root).  Returns None when there is no such file."""
+    import stat as _stat
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
-            fd = openat2(rootfd, path.lstrip("/"), os.O_RDONLY)
-        except FileNotFoundError:
-            return None
+            pfd = openat2(rootfd, path.lstrip("/"), O_PATH)
         except OSError as e:
             if e.errno in (2, 20, 40):  # ENOENT, ENOTDIR, ELOOP
                 return None
             raise
         try:
-            import stat as _stat
-            st = os.fstat(fd)
-            if not _stat.S_ISREG(st.st_mode):
+            if not _stat.S_ISREG(os.fstat(pfd).st_mode):
                 return None
+            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            os.close(pfd)
+        try:
             chunks, left = [], limit
             while left > 0:
                 b = os.read(fd, min(left, 1 << 20))

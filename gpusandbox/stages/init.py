@@ -57,7 +57,10 @@ def _rootfs(plan):
             os.close(lower)
             os.close(upper)
         top = f"/proc/self/fd/{scratch}"
-        opts = [f"lowerdir={plan.rootfs}", f"upperdir={top}/upper", f"workdir={top}/work"]
+        # ':' separates lower layers in overlayfs' option syntax; escape it
+        # (and the escape character) so any directory name works.
+        lower = plan.rootfs.replace("\\", "\\\\").replace(":", "\\:")
+        opts = [f"lowerdir={lower}", f"upperdir={top}/upper", f"workdir={top}/work"]
         if plan.userns != "host":
             # trusted.* xattrs cannot be set in a user namespace (overlayfs docs).
             opts.append("userxattr")

@@ -2,6 +2,7 @@
 import hashlib
 import os
 import signal
+import stat
 import subprocess
 import time
 
@@ -315,12 +316,12 @@ def test_many_sandboxes_share_one_image(runner, rootfs):
     assert all(p.returncode == 0 for p in procs)
 
 
-def test_bundle_config_env_and_cwd(runner, rootfs, shared_tmp):
+def test_bundle_config_env_and_cwd(runner, small_rootfs, shared_tmp):
     bundle = shared_tmp / "bundle"
     bundle.mkdir()
     os.chmod(shared_tmp, 0o755)
     os.chmod(bundle, 0o755)
-    os.symlink(rootfs, bundle / "rootfs")
+    os.rename(small_rootfs, bundle / "rootfs")
     (bundle / "config.json").write_text(
         '{"ociVersion": "1.0.2", "process": {"env": ["FROM_OCI=yes", "PATH=/usr/bin:/bin"],'
         ' "cwd": "/usr", "args": ["sh"]}, "root": {"path": "rootfs"}}')
@@ -328,6 +329,45 @@ def test_bundle_config_env_and_cwd(runner, rootfs, shared_tmp):
     r = runner.run([str(bundle), "sh", "-c", "echo $FROM_OCI; pwd; echo ${IMAGE_VAR:-none}"])
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["yes", "/usr", "none"]
+    os.rename(bundle / "rootfs", small_rootfs)
+
+
+def test_bundle_rootfs_symlink_is_not_followed(runner, shared_tmp):
+    """An image-provided rootfs -> / link must not make the host root the
+    sandbox's root (nothing from the image is ever a mount source)."""
+    bundle = shared_tmp / "evil-bundle"
+    bundle.mkdir()
+    os.chmod(shared_tmp, 0o755)
+    os.symlink("/", bundle / "rootfs")
+    (bundle / "config.json").write_text('{"process": {"env": []}}')
+    r = runner.run([str(bundle), "sh", "-c", "ls /"])
+    assert r.returncode == 125, r.stdout
+    assert "does not look like a root filesystem" in r.stderr
+
+
+def test_image_dir_with_colon_and_comma(runner, small_rootfs, shared_tmp):
+    odd = shared_tmp / "img:v1,x"
+    os.rename(small_rootfs, odd)
+    try:
+        r = runner.run([str(odd), "sh", "-c", "echo ok"])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "ok"
+    finally:
+        os.rename(odd, small_rootfs)
+
+
+def test_image_files_that_are_fifos_or_devices_are_not_opened(runner, small_rootfs):
+    """The launcher reads the image's /etc/environment and /etc/passwd on the
+    host side: a FIFO there must not hang it, a device node must not be opened."""
+    env = small_rootfs / "etc" / "environment"
+    env.unlink()
+    os.mkfifo(env)
+    passwd = small_rootfs / "etc" / "passwd"
+    passwd.unlink()
+    os.mknod(passwd, 0o644 | stat.S_IFCHR, os.makedev(1, 3))
+    r = runner.run([str(small_rootfs), "sh", "-c", "echo ran"], timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ran"
 
 
 @pytest.fixture
