@@ -4,7 +4,6 @@ Each case builds a hostile image or situation and checks that nothing on the
 host changed (mount table, a canary tree, the files aimed at) and that the
 launch either ran contained or failed with a clear one-line error.
 """
-import errno
 import hashlib
 import os
 import shlex
@@ -12,9 +11,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
-import threading
-import time
 
 import pytest
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import host_mounts, kill_quietly, pids_with, wait_for
+from .conftest import host_mounts, pids_with, wait_for
 
 
 def sh(runner, rootfs, script, *opts, env=None, timeout=60):

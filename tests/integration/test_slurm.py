@@ -7,7 +7,6 @@ writes `srun ... gpusandbox run --gpus auto IMAGE CMD`.
 import os
 import shlex
 import signal
-import stat
 import subprocess
 import sys
 import time

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from gpusandbox.errors import CgroupError, UsageError
-from gpusandbox.linux import bpfdev, cgroup
+from gpusandbox.linux import bpfdev, cgfs, cgroup
 from gpusandbox.linux.cgroup import Limits
 
 FULL_CAPS = "000001ffffffffff"
@@ -43,10 +43,13 @@ class Fake:
                 old = open(p).read().replace(text, "")
                 with open(p, "w") as f:
                     f.write(" ".join(old.split() + [text.lstrip("+")]))
-        monkeypatch.setattr(cgroup, "_write", write)
-        monkeypatch.setattr(cgroup, "_mkdir", self.mkdir)
-        monkeypatch.setattr(cgroup, "_rmdir", lambda p: shutil.rmtree(p))
-        monkeypatch.setattr(cgroup, "_writable", lambda p: str(p) not in self.unwritable)
+        # The file helpers live in cgfs and are also used from cgroup.
+        for mod in (cgroup, cgfs):
+            monkeypatch.setattr(mod, "_write", write, raising=False)
+            monkeypatch.setattr(mod, "_mkdir", self.mkdir, raising=False)
+            monkeypatch.setattr(mod, "_rmdir", lambda p: shutil.rmtree(p), raising=False)
+            monkeypatch.setattr(mod, "_writable", lambda p: str(p) not in self.unwritable,
+                                raising=False)
         self.attached = []
         monkeypatch.setattr(cgroup, "_attach_bpf", self.attach)
         # Pids in the fake tree are made up: never signal them; "killing"

@@ -1,0 +1,372 @@
+"""cgroup filesystem facts and limit values, for cgroup.py.
+
+Everything here reads the host through a proc root (`proc`, default /proc)
+and paths under the cgroup mount, so tests point it at a fake tree: the
+cgroup2 mount and any v1 controllers from <proc>/self/mountinfo, the
+launcher's own cgroup, delegation, capabilities, and the leaves a launcher
+killed with SIGKILL left behind.  Limit options are parsed here too (docker's
+forms: bytes with k/m/g/t or 'max'; pids; cpus)."""
+import errno
+import os
+
+from gpusandbox.errors import CgroupError, UsageError
+
+_PERIOD = 100000
+_CAP_NET_ADMIN, _CAP_SYS_ADMIN, _CAP_BPF = 12, 21, 39
+
+# --- limits ------------------------------------------------------------------
+class Limits:
+    """Raw option strings; files() validates them (UsageError) and returns
+    [(controller, file, value)] to write into the leaf."""
+    __slots__ = ("memory", "memory_swap", "pids", "cpus")
+
+    def __init__(self, memory=None, memory_swap=None, pids=None, cpus=None):
+        self.memory, self.memory_swap, self.pids, self.cpus = memory, memory_swap, pids, cpus
+
+    def files(self):
+        out = []
+        mem = _size("--memory", self.memory) if self.memory is not None else None
+        if mem is not None:
+            if mem != "max" and mem < 6 << 20:
+                raise UsageError(f"--memory {self.memory}: below the 6 MiB minimum",
+                                 hint="give at least 6m; a smaller limit OOM-kills the command at start")
+            out.append(("memory", "memory.max", str(mem)))
+        if self.memory_swap is not None:
+            total = _size("--memory-swap", self.memory_swap)
+            if total == "max":
+                swap = "max"
+            elif mem is None or mem == "max":
+                raise UsageError(f"--memory-swap {self.memory_swap}: needs --memory",
+                                 hint="--memory-swap is memory plus swap together; set --memory too")
+            elif total < mem:
+                raise UsageError(
+                    f"--memory-swap {self.memory_swap}: smaller than --memory {self.memory}",
+                    hint="--memory-swap counts memory plus swap; equal to --memory means no swap")
+            else:
+                swap = total - mem
+            out.append(("memory", "memory.swap.max", str(swap)))
+        if self.pids is not None:
+            out.append(("pids", "pids.max", _pids(self.pids)))
+        if self.cpus is not None:
+            out.append(("cpu", "cpu.max", _cpus(self.cpus)))
+        return out
+
+
+def _size(opt, text):
+    t = str(text).strip().lower()
+    if t in ("max", "-1"):
+        return "max"
+    for tail in ("ib", "b"):
+        if t.endswith(tail) and len(t) > len(tail):
+            t = t[:-len(tail)]
+            break
+    mult = 1
+    if t and t[-1] in "kmgt":
+        mult = 1 << (10 * ("kmgt".index(t[-1]) + 1))
+        t = t[:-1]
+    try:
+        val = float(t)
+    except ValueError:
+        val = -1.0
+    if not t or val != val or val <= 0 or val == float("inf"):
+        raise UsageError(f"{opt} {text}: not a size",
+                         hint="give bytes or a number with k, m, g or t (512m, 2g), or 'max'")
+    return int(val * mult)
+
+
+def _pids(text):
+    t = str(text).strip().lower()
+    if t in ("max", "-1"):
+        return "max"
+    if not t.isdigit() or int(t) < 1:
+        raise UsageError(f"--pids-limit {text}: not a positive number",
+                         hint="give the most processes the sandbox may hold (e.g. 256), or 'max'")
+    return t
+
+
+def _cpus(text):
+    try:
+        val = float(str(text).strip())
+    except ValueError:
+        val = -1.0
+    ncpu = os.cpu_count() or 1
+    if not 0.01 <= val <= ncpu:   # the kernel's smallest quota is 1 ms per period
+        raise UsageError(f"--cpus {text}: out of range",
+                         hint=f"give a number of CPUs from 0.01 to {ncpu} (e.g. 1.5)")
+    return f"{round(val * _PERIOD)} {_PERIOD}"
+
+
+# --- host facts ----------------------------------------------------------------
+def _read(path):
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                return b"".join(chunks).decode("utf-8", "replace")
+            chunks.append(b)
+    finally:
+        os.close(fd)
+
+
+def _write(path, text):
+    # No O_CREAT: every cgroup interface file exists; a missing one means the
+    # controller or feature is absent, which the caller reports.
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _unescape(field):
+    # mountinfo escapes space, tab, newline and backslash as \ooo.
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _mounts(proc):
+    """[(mount point, root in the fs, fstype, super options)] from mountinfo."""
+    out = []
+    for line in _read(f"{proc}/self/mountinfo").splitlines():
+        left, sep, right = line.partition(" - ")
+        a, b = left.split(), right.split()
+        if sep and len(a) >= 5 and len(b) >= 3:
+            out.append((_unescape(a[4]), _unescape(a[3]), b[0], b[2].split(",")))
+    return out
+
+
+def _cgroup2(mounts):
+    for point, root, fstype, _ in mounts:
+        if fstype == "cgroup2":
+            return point, root
+    return None
+
+
+def _v1_mounts(mounts):
+    """{controller: mount point} of the cgroup v1 hierarchies."""
+    out = {}
+    for point, _, fstype, opts in mounts:
+        if fstype == "cgroup":
+            for o in opts:
+                if o not in ("rw", "ro") and "=" not in o:
+                    out.setdefault(o, point)
+    return out
+
+
+def _v1_bound(proc):
+    """Controllers bound to a v1 hierarchy (non-zero hierarchy id in
+    /proc/cgroups): the kernel will not let cgroup2 use them."""
+    out = set()
+    try:
+        text = _read(f"{proc}/cgroups")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) == 4 and not line.startswith("#") and f[1] != "0" and f[3] == "1":
+            out.add(f[0])
+    return out
+
+
+def _own_cgroups(proc):
+    """{controllers field: path} from /proc/self/cgroup ('' is the v2 line)."""
+    out = {}
+    for line in _read(f"{proc}/self/cgroup").splitlines():
+        hid, _, rest = line.partition(":")
+        ctl, _, path = rest.partition(":")
+        out[ctl if hid != "0" else ""] = path
+    return out
+
+
+def _privileged(proc):
+    """Whether bpf(BPF_PROG_LOAD/ATTACH) of a device program can succeed:
+    CAP_SYS_ADMIN, or CAP_BPF with CAP_NET_ADMIN, in the initial user
+    namespace (capabilities in a child user namespace do not count for bpf)."""
+    try:
+        status = _read(f"{proc}/self/status")
+        uid_map = _read(f"{proc}/self/uid_map").split()
+    except OSError:
+        return False
+    if uid_map != ["0", "0", "4294967295"]:
+        return False
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            caps = int(line.split()[1], 16)
+            return bool(caps >> _CAP_SYS_ADMIN & 1
+                        or (caps >> _CAP_BPF & 1 and caps >> _CAP_NET_ADMIN & 1))
+    return False
+
+
+def _writable(path):
+    return os.access(path, os.W_OK)
+
+
+def _mkdir(path):
+    os.mkdir(path, 0o755)
+
+
+def _rmdir(path):
+    os.rmdir(path)
+
+
+def _words(path):
+    try:
+        return _read(path).split()
+    except OSError:
+        return []
+
+
+def _populated(path):
+    """True unless the cgroup is known to hold no process (v2 cgroup.events,
+    else v1: no pid in cgroup.procs of it or any child)."""
+    try:
+        for line in _read(f"{path}/cgroup.events").splitlines():
+            if line.startswith("populated "):
+                return line.split()[1] != "0"
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return True
+    try:
+        for top, dirs, _ in os.walk(path):
+            if _words(f"{top}/cgroup.procs"):
+                return True
+    except OSError:
+        return True
+    return False
+
+
+def _resolve_parent(mount, mount_root, own, parent, opt="--cgroup-parent"):
+    """The parent directory of the leaf: `parent` as an absolute path under
+    the mount, else as a cgroup path relative to the mount (with or without
+    the leading / of /proc/<pid>/cgroup); by default the launcher's own."""
+    if parent is None:
+        if own is None:
+            raise CgroupError("cgroup: the launcher's cgroup is unknown",
+                              f"{mount} is mounted but /proc/self/cgroup has no line for it",
+                              hint=f"pass {opt} with a path under {mount}")
+        rel = own
+        if mount_root not in ("/", "") and (own + "/").startswith(mount_root.rstrip("/") + "/"):
+            rel = own[len(mount_root.rstrip("/")):]
+        elif mount_root not in ("/", ""):
+            raise CgroupError(f"cgroup: the launcher's cgroup {own} is not visible",
+                              f"{mount} shows only {mount_root}",
+                              hint=f"pass {opt} with a path under {mount}")
+    elif parent == mount or parent.startswith(mount.rstrip("/") + "/"):
+        rel = parent[len(mount):]
+    else:
+        # Relative, or absolute as /proc/<pid>/cgroup prints it ("0::/a/b").
+        rel = parent
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise UsageError(f"{opt} {parent}: '..' is not allowed", hint=f"give a path under {mount}")
+    path = os.path.join(mount, *parts)
+    if not os.path.isdir(path):
+        raise UsageError(f"{opt} {parent or own}: no such cgroup ({path})",
+                         hint="create it first or name an existing cgroup")
+    return path
+
+
+def _leaf_pid(name, prefix):
+    if not name.startswith(prefix + "-"):
+        return None
+    pid, _, tag = name[len(prefix) + 1:].partition("-")
+    hexd = "0123456789abcdef"
+    if not pid.isdigit() or not tag or any(c not in hexd for c in tag):
+        return None
+    return int(pid)
+
+
+def _is_launcher(argv):
+    for a in argv[:4]:
+        if os.path.basename(a).startswith(b"gpusandbox") or b"/gpusandbox/" in a:
+            return True
+    return False
+
+
+def _start_time(pid, proc):
+    """Wall-clock start of a process (boot time + starttime ticks), or None."""
+    try:
+        fields = _read(f"{proc}/{pid}/stat").rpartition(")")[2].split()
+        for line in _read(f"{proc}/stat").splitlines():
+            if line.startswith("btime "):
+                return int(line.split()[1]) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
+def _launcher_gone(pid, path, proc):
+    """A leaf's launcher is gone when its pid is dead, or when the pid now
+    belongs to a process that is no gpusandbox launcher AND started after
+    the leaf was made (a live process that predates the leaf is its creator,
+    whatever its argv: e.g. a test runner that calls prepare() itself)."""
+    try:
+        argv = _read(f"{proc}/{pid}/cmdline").encode().split(b"\0")
+    except OSError:
+        return True
+    if _is_launcher(argv):
+        return False
+    started = _start_time(pid, proc)
+    try:
+        made = os.stat(path).st_ctime
+    except OSError:
+        return False
+    return started is not None and started > made + 1
+
+
+def clean_stale(pdir, prefix, proc="/proc", notes=None):
+    """rmdir leaves of launchers killed before their teardown (kill -9):
+    name matches, launcher gone, no process inside.  The kernel releases the
+    BPF programs of a removed cgroup (cgroup_bpf_offline on destruction)."""
+    removed = []
+    try:
+        names = os.listdir(pdir)
+    except OSError:
+        return removed
+    me = os.getpid()
+    for name in names:
+        pid = _leaf_pid(name, prefix)
+        path = os.path.join(pdir, name)
+        if pid is None or pid == me or not _launcher_gone(pid, path, proc) or _populated(path):
+            continue
+        try:
+            _rmtree(path)
+        except OSError:
+            continue
+        removed.append(path)
+        if notes is not None:
+            notes.append(f"cgroup: removed stale {path}")
+    return removed
+
+
+def _rmtree(path, wait=1.0):
+    """rmdir a cgroup and the (empty) cgroups below it, deepest first;
+    EBUSY is retried briefly: the last exiting task may still be leaving."""
+    import time
+    subdirs = [top for top, _, _ in os.walk(path)]
+    deadline = time.monotonic() + wait
+    for d in reversed(subdirs):
+        while True:
+            try:
+                _rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+
+
