@@ -344,3 +344,32 @@ def test_missing_cgroup_parent(runner, rootfs):
     assert lines[0].startswith("gpusandbox: error: --cgroup-parent "
                                f"{UNIFIED}/gsbx-test-no-such-parent: no such cgroup")
     assert lines[1].startswith("hint: ")
+
+
+def test_rootless_leaf_in_a_delegated_subtree(rootless_runner, rootfs):
+    """A user whose cgroup is delegated (systemd Delegate=yes: the directory,
+    cgroup.procs and cgroup.subtree_control are theirs) gets a leaf there;
+    the device filter is still reported as not applied."""
+    import shlex
+    base = "/sys/fs/cgroup/unified"
+    if not os.path.isfile(f"{base}/cgroup.procs"):
+        pytest.skip("no cgroup2 hierarchy at /sys/fs/cgroup/unified")
+    deleg = f"{base}/gsbx-test-deleg-{os.getpid()}"
+    os.mkdir(deleg)
+    try:
+        for name in ("", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
+            os.chown(os.path.join(deleg, name) if name else deleg,
+                     rootless_runner.uid, rootless_runner.gid)
+        # As a session manager would: the user's processes start inside it.
+        launch = shlex.join(rootless_runner.argv(
+            ["--verbose", str(rootfs), "sh", "-c", "cat /proc/self/cgroup"]))
+        r = subprocess.run(["sh", "-c", f"echo $$ > {deleg}/cgroup.procs && exec {launch}"],
+                           capture_output=True, text=True, timeout=60, env=rootless_runner.env())
+        assert r.returncode == 0, r.stderr
+        assert f"cgroup: {deleg}/gpusandbox-" in r.stderr
+        assert "device filter: not applied (rootless" in r.stderr
+        # Inside, the cgroup namespace is rooted at the leaf.
+        assert "0::/\n" in r.stdout
+        assert not [n for n in os.listdir(deleg) if n.startswith("gpusandbox-")]
+    finally:
+        os.rmdir(deleg)
