@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -171,6 +172,23 @@ def root_runner(cli, test_user):
 @pytest.fixture
 def rootless_runner(cli, test_user):
     return Runner(cli, "rootless", test_user)
+
+
+def tree_checksum(root):
+    """A checksum of a tree as a host user would compare it: names, modes, sizes, mtimes, and the contents of files up to 64 KiB."""
+    h = hashlib.sha256()
+    for d, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            p = os.path.join(d, name)
+            st = os.lstat(p)
+            h.update(f"{p}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            if stat.S_ISREG(st.st_mode) and st.st_size <= 65536:
+                with open(p, "rb") as f:
+                    h.update(f.read())
+            elif stat.S_ISLNK(st.st_mode):
+                h.update(os.readlink(p).encode())
+    return h.hexdigest()
 
 
 def host_mounts():

@@ -2,31 +2,16 @@
 symlinks planted at every place the launcher writes driver files, links,
 the loader cache or the masked /proc/driver, absolute, relative and chained.
 Nothing may be created, mounted or written outside the root."""
-import hashlib
 import os
 import shutil
 import subprocess
 
 import pytest
 
-from .conftest import host_mounts
+from .conftest import host_mounts, tree_checksum
 
 PATHS = ["/etc/ld.so.cache", "/etc/ld.so.conf.d", "/usr/lib/x86_64-linux-gnu", "/usr/bin",
          "/lib/firmware/nvidia", "/proc/driver", "/lib"]
-
-
-def tree_state(d):
-    out = []
-    for base, dirs, files in os.walk(d):
-        for name in sorted(dirs + files):
-            p = os.path.join(base, name)
-            st = os.lstat(p)
-            data = b""
-            if os.path.isfile(p) and not os.path.islink(p):
-                with open(p, "rb") as f:
-                    data = f.read()
-            out.append((p, st.st_mode, st.st_size, st.st_mtime_ns, hashlib.sha256(data).hexdigest()))
-    return sorted(out)
 
 
 @pytest.fixture
@@ -71,10 +56,10 @@ def test_symlinks_at_gpu_injection_paths(runner, small_rootfs, sim_host, canary,
     plant(root, path, kind, canary)
     if runner.mode == "rootless":
         subprocess.run(["chown", "-R", f"{runner.uid}:{runner.gid}", str(root)], check=True)
-    before_canary, before_mounts = tree_state(canary), host_mounts()
+    before_canary, before_mounts = tree_checksum(canary), host_mounts()
     r = runner.run(["--driver-root", str(sim_host), "--gpus", "0", "-e",
                     "PATH=/usr/bin:/usr/realbin:/bin", str(root), "nvidia-smi", "-L"])
-    assert tree_state(canary) == before_canary, f"host canary changed ({path}, {kind})"
+    assert tree_checksum(canary) == before_canary, f"host canary changed ({path}, {kind})"
     assert host_mounts() == before_mounts
     assert "Traceback" not in r.stderr
     if r.returncode == 125:

@@ -8,13 +8,12 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import subprocess
 import tempfile
 
 import pytest
 
-from .conftest import host_mounts
+from .conftest import host_mounts, tree_checksum
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 VERSION = "550.54.15"
@@ -248,23 +247,6 @@ def test_proc_driver_nvidia_shows_selected_gpus(runner, sim_host, rootfs):
     assert "ModifyDeviceFiles: 0" in params.splitlines()
     assert "ModifyDeviceFiles: 1" not in params
     assert sim_host.gpus[1]["uuid"] in info and sim_host.gpus[0]["uuid"] not in info
-
-
-def tree_checksum(root):
-    """Names, modes, sizes, mtimes, and the contents of files up to 64 KiB."""
-    h = hashlib.sha256()
-    for d, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(dirs + files):
-            p = os.path.join(d, name)
-            st = os.lstat(p)
-            h.update(f"{p}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-            if stat.S_ISREG(st.st_mode) and st.st_size <= 65536:
-                with open(p, "rb") as f:
-                    h.update(f.read())
-            elif stat.S_ISLNK(st.st_mode):
-                h.update(os.readlink(p).encode())
-    return h.hexdigest()
 
 
 @pytest.mark.parametrize("mode", [[], ["--writable-tmpfs"]], ids=["default", "writable-tmpfs"])

@@ -1,5 +1,4 @@
 """`gpusandbox run` as a user sees it, as root and as an unprivileged user."""
-import hashlib
 import os
 import signal
 import stat
@@ -8,22 +7,11 @@ import time
 
 import pytest
 
-from .conftest import host_mounts, pids_with, wait_for
+from .conftest import host_mounts, pids_with, tree_checksum, wait_for
 
 
 def sh(runner, rootfs, script, *opts, env=None, timeout=60):
     return runner.run([*opts, str(rootfs), "sh", "-c", script], env=env, timeout=timeout)
-
-
-def tree_digest(root):
-    h = hashlib.sha256()
-    for d, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(files + dirs):
-            p = os.path.join(d, name)
-            st = os.lstat(p)
-            h.update(f"{p}:{st.st_mode}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()
 
 
 def test_identity_inside(runner, rootfs):
@@ -82,13 +70,13 @@ def test_writable_tmpfs_is_private_and_discarded(runner, small_rootfs):
     rootfs = small_rootfs
     if runner.mode == "rootless":
         subprocess.run(["chown", "-R", f"{runner.uid}:{runner.gid}", str(rootfs)], check=True)
-    before = tree_digest(rootfs)
+    before = tree_checksum(rootfs)
     r = sh(runner, rootfs, "echo hi > /etc/newfile && cat /etc/newfile && rm /etc/passwd && "
            "echo gone", "--writable-tmpfs")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["hi", "gone"]
     assert (rootfs / "etc" / "passwd").exists()
-    assert tree_digest(rootfs) == before
+    assert tree_checksum(rootfs) == before
 
 
 def test_rw_writes_through(runner, small_rootfs):
