@@ -262,7 +262,8 @@ def check_overlay(euid):
 # --- 2. the host driver ------------------------------------------------------------
 
 def _driver_version(opts):
-    path = os.path.join(opts.driver_root, "proc/driver/nvidia/version")
+    from gpusandbox.gpu.discover import proc_root
+    path = os.path.join(proc_root(opts.driver_root), "proc/driver/nvidia/version")
     text = _read(path)
     if text is None:
         return None, path

@@ -7,6 +7,8 @@ struct and resolves only the paths it keeps.
 
 GpuHost fields (read by select, inject, report, sim tests, slurm, doctor):
     driver_root     str: the driver root as given, normalised ("/" or "/run/nvidia/driver")
+    proc_root       str: where its /proc files are read (proc_root(): the driver root
+                    when it holds proc/devices, as a simulated host does, else "/")
     dev_root        str: where the /dev/nvidia* nodes are looked up
     version         str: kernel module version, "550.54.15"
     majors          dict: "nvidia" -> 195, "nvidia-uvm" -> N|None, "nvidia-caps" -> N|None
@@ -120,12 +122,26 @@ class Library:
 
 
 class GpuHost:
-    __slots__ = ("driver_root", "dev_root", "version", "majors", "frontend_name", "gpus",
+    __slots__ = ("driver_root", "proc_root", "dev_root", "version", "majors", "frontend_name", "gpus",
                  "migs", "control", "libs", "bins", "firmware", "configs", "ipc", "problems")
 
     def path(self, p):
         """Host path of `p` (absolute, as seen from the driver root)."""
         return self.driver_root.rstrip("/") + "/" + p.lstrip("/")
+
+    def proc(self, p):
+        """Host path of a /proc file `p` (see proc_root())."""
+        return self.proc_root.rstrip("/") + "/" + p.lstrip("/")
+
+
+def proc_root(driver_root):
+    """Where the driver's /proc files are read: the driver root's own proc/
+    when it holds a snapshot of them (a simulated host has proc/devices), else
+    the host's /proc.  The kernel module is host-wide: a containerised driver
+    root such as /run/nvidia/driver carries libraries and binaries but no
+    procfs of its own."""
+    root = os.path.abspath(driver_root or "/")
+    return root if os.path.isfile(os.path.join(root, "proc", "devices")) else "/"
 
 
 def _read(path):
@@ -191,7 +207,7 @@ def _check_node(dev_root, name, major, minor, problems):
 
 
 def _version(host):
-    vpath = host.path("/proc/driver/nvidia/version")
+    vpath = host.proc("/proc/driver/nvidia/version")
     text = _read(vpath)
     if text is None:
         raise GpuError("NVIDIA kernel driver not loaded", f"{vpath} does not exist",
@@ -206,7 +222,7 @@ def _version(host):
 
 
 def _majors(host):
-    text = _read(host.path("/proc/devices")) or ""
+    text = _read(host.proc("/proc/devices")) or ""
     majors = {"nvidia": None, "nvidia-uvm": None, "nvidia-caps": None}
     frontend = None
     for line in text.split("Block devices:", 1)[0].splitlines():
@@ -219,14 +235,14 @@ def _majors(host):
             majors[name] = int(num)
     if majors["nvidia"] is None:
         raise GpuError("NVIDIA kernel driver not loaded",
-                       f"{host.path('/proc/devices')} has no character major "
+                       f"{host.proc('/proc/devices')} has no character major "
                        f"{NVIDIA_MAJOR} named nvidia or nvidia-frontend",
                        hint="load the kernel module (modprobe nvidia)")
     return majors, frontend
 
 
 def _gpus(host):
-    gdir = host.path("/proc/driver/nvidia/gpus")
+    gdir = host.proc("/proc/driver/nvidia/gpus")
     try:
         names = sorted(n.lower() for n in os.listdir(gdir))
     except FileNotFoundError:
@@ -260,7 +276,7 @@ def _cap_minor(path):
 
 
 def _migs(host):
-    cdir = host.path("/proc/driver/nvidia/capabilities")
+    cdir = host.proc("/proc/driver/nvidia/capabilities")
     caps_major = host.majors["nvidia-caps"]
     by_minor = {g.minor: g for g in host.gpus}
     out = []
@@ -316,7 +332,7 @@ def _check_mig_minors(host, migs):
     if not migs:
         return
     table = {}
-    for line in (_read(host.path("/proc/driver/nvidia-caps/mig-minors")) or "").splitlines():
+    for line in (_read(host.proc("/proc/driver/nvidia-caps/mig-minors")) or "").splitlines():
         name, _, num = line.strip().rpartition(" ")
         if num.isdigit():
             table[name] = int(num)
@@ -414,6 +430,7 @@ def discover(driver_root="/", dev_root=None, environ=None):
                        hint="name the directory that holds the driver's /proc, /dev and /usr")
     host = GpuHost()
     host.driver_root = root
+    host.proc_root = proc_root(root)
     host.dev_root = os.path.abspath(dev_root) if dev_root else os.path.join(root, "dev")
     host.problems = []
     host.version = _version(host)

@@ -100,7 +100,7 @@ def plan(host, sel):
     if "compute" in caps and "mps" in host.ipc:
         ipc.append(host.ipc["mps"] + (RW_IPC,))
     inj.ipc = ipc
-    proc = [("/proc/driver/nvidia/version", host.path("/proc/driver/nvidia/version"), RO_PROC)]
+    proc = [("/proc/driver/nvidia/version", host.proc("/proc/driver/nvidia/version"), RO_PROC)]
     for g in sel.node_gpus():
         proc.append((f"/proc/driver/nvidia/gpus/{g.bus_id}", g.proc_dir, RO_PROC))
     cdir = "/proc/driver/nvidia/capabilities"
@@ -110,7 +110,7 @@ def plan(host, sel):
             proc.append((f"{cdir}/{rel}", host_path, RO_PROC))
     for flag, kind in ((sel.mig_config, "config"), (sel.mig_monitor, "monitor")):
         if flag:
-            proc.append((f"{cdir}/mig/{kind}", host.path(f"{cdir}/mig/{kind}"), RO_PROC))
+            proc.append((f"{cdir}/mig/{kind}", host.proc(f"{cdir}/mig/{kind}"), RO_PROC))
     inj.proc = proc
     return inj
 
@@ -132,7 +132,7 @@ def _params(host):
     """The host's params with ModifyDeviceFiles: 0, so libraries inside never
     try to create or chmod /dev nodes."""
     try:
-        with open(host.path("/proc/driver/nvidia/params"), "rb") as f:
+        with open(host.proc("/proc/driver/nvidia/params"), "rb") as f:
             lines = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
         lines = []

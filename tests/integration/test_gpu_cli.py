@@ -302,8 +302,10 @@ def test_list_json_groups_host_paths(runner, sim_host):
 
 
 def test_driver_not_loaded(runner, rootfs, shared_tmp):
+    # A driver root with a /proc snapshot whose kernel has no nvidia module.
     empty = shared_tmp / "no-driver"
-    empty.mkdir()
+    (empty / "proc").mkdir(parents=True)
+    (empty / "proc" / "devices").write_text("Character devices:\n  1 mem\n  4 /dev/vc/0\n")
     os.chmod(empty, 0o755)
     before = host_mounts()
     r = runner.run(["--driver-root", str(empty), "--gpus", "0", str(rootfs), "true"])
@@ -314,6 +316,20 @@ def test_driver_not_loaded(runner, rootfs, shared_tmp):
     assert f"{empty}/proc/driver/nvidia/version" in lines[0]
     assert lines[1].startswith("hint: ") and "--driver-root" in lines[1]
     assert host_mounts() == before
+
+
+def test_containerised_driver_root_reads_the_hosts_proc(runner, rootfs, shared_tmp):
+    """A driver root without its own proc/ (like /run/nvidia/driver) takes the
+    kernel module's files from the host's /proc: here, a host without one."""
+    if os.path.exists("/proc/driver/nvidia/version"):
+        pytest.skip("this host has an NVIDIA driver loaded")
+    droot = shared_tmp / "driver-container"
+    (droot / "usr" / "lib").mkdir(parents=True)
+    os.chmod(droot, 0o755)
+    r = runner.run(["--driver-root", str(droot), "--gpus", "0", str(rootfs), "true"])
+    assert r.returncode == 125
+    assert r.stderr.splitlines()[0].startswith("gpusandbox: error: NVIDIA kernel driver not "
+                                               "loaded: /proc/driver/nvidia/version")
 
 
 @pytest.fixture(scope="module")
