@@ -111,6 +111,16 @@ def plan(host, sel):
     for flag, kind in ((sel.mig_config, "config"), (sel.mig_monitor, "monitor")):
         if flag:
             proc.append((f"{cdir}/mig/{kind}", host.proc(f"{cdir}/mig/{kind}"), RO_PROC))
+    # The mask covers all of /proc/driver; its other entries (nvidia-caps,
+    # nvidia-uvm, nvidia-nvlink, rtc, ...) show through as the reference stack
+    # leaves them, read-only.
+    pdir = host.proc("/proc/driver")
+    try:
+        others = sorted(n for n in os.listdir(pdir) if n != "nvidia")
+    except OSError:
+        others = []
+    for name in others:
+        proc.append((f"/proc/driver/{name}", f"{pdir}/{name}", RO_PROC))
     inj.proc = proc
     return inj
 
