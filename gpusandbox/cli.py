@@ -22,6 +22,9 @@ GPUs:
   --driver-root DIR           where the host driver lives (default /)
   --dev-root DIR              where its device nodes live (default DRIVER_ROOT/dev)
   --no-require                skip the image's CUDA requirement check (warns)
+  --device HOST[:DST]         add a host character device (e.g. /dev/infiniband/uverbs0) at
+                              DST under /dev (default: the same path, or /dev/NAME);
+                              allowed through the device filter, checked by number
 Identity and namespaces:
   --root                      map the caller to uid 0 inside (rootless fakeroot)
   --userns auto|single|subids|host
@@ -62,7 +65,7 @@ _OPTS = {
     "-w": "workdir", "--workdir": "workdir", "-e": "env", "--env": "env",
     "--env-file": "env_file", "--seccomp": "seccomp", "--cgroup-parent": "cgroup_parent",
     "--memory": "memory", "--memory-swap": "memory_swap", "--pids-limit": "pids_limit",
-    "--cpus": "cpus",
+    "--cpus": "cpus", "--device": "device",
 }
 _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
@@ -92,6 +95,17 @@ def parse_bind(value):
     if "\0" in value or any(p == ".." for p in dst.split("/")):
         _bad(f"invalid --bind {value!r}", "DST may not contain '..'", "give a plain absolute path")
     return Bind(os.path.abspath(src), os.path.normpath(dst), mode == "rw")
+
+
+def parse_device(value):
+    host, _, dst = value.partition(":")
+    if not dst:
+        dst = host if host.startswith("/dev/") else "/dev/" + os.path.basename(host)
+    if not host.startswith("/") or not dst.startswith("/dev/") or ".." in dst.split("/") \
+            or "\0" in value:
+        _bad(f"invalid --device {value!r}", "expected HOST[:DST] with DST under /dev",
+             "example: --device /dev/infiniband/uverbs0")
+    return (host, os.path.normpath(dst))
 
 
 def parse_env_item(value):
@@ -152,6 +166,8 @@ def parse_run_args(argv):
             spec.binds.append(parse_bind(val))
         elif attr == "env":
             spec.env_set.append(parse_env_item(val))
+        elif attr == "device":
+            spec.devices.append(parse_device(val))
         elif attr == "env_file":
             spec.env_files.append(val)
         elif attr == "user":

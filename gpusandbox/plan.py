@@ -255,6 +255,31 @@ def _gpu(plan, spec, rootfs, image_env, host_env):
     return edits.env
 
 
+def _devices(plan, spec):
+    """--device: host character devices added as edits, by number.
+
+    The node is checked here and again, by its opened inode, in the init (a
+    node swapped in between is refused).  Block devices are not offered: a
+    GPU job has no use for raw disks, and the filter denies them all."""
+    from .edits import DeviceNode
+    if not spec.devices:
+        return
+    rules = list(plan.device_rules or [])
+    for host, dst in spec.devices:
+        try:
+            st = os.stat(host)
+        except OSError as e:
+            raise UsageError(f"--device {host}", e.strerror,
+                             "name an existing character device such as /dev/infiniband/uverbs0") from None
+        if not stat.S_ISCHR(st.st_mode):
+            raise UsageError(f"--device {host}", "not a character device",
+                             "only character devices can be added (block devices never are)")
+        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+        plan.edits.device_nodes.append(DeviceNode(dst, host, major, minor))
+        rules.append(("c", major, minor, "rw"))
+    plan.device_rules = rules
+
+
 def build(spec, host_env=None):
     host_env = os.environ if host_env is None else host_env
     plan = LaunchPlan(spec)
@@ -264,6 +289,7 @@ def build(spec, host_env=None):
     _check_binds(spec)
     image_env, image_cwd = _image_env(rootfs, config)
     gpu_env = _gpu(plan, spec, rootfs, image_env, host_env)
+    _devices(plan, spec)
     passwd = k.read_in_root(rootfs, "/etc/passwd", 4 << 20)
     home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
                               plan.cmd_uid)

@@ -24,8 +24,8 @@ class RunSpec:
         "rootfs_mode", "binds",
         # process
         "workdir", "env_set", "env_files", "env_host", "tty", "verbose",
-        # GPU
-        "gpus", "gpu_caps", "driver_root", "dev_root", "no_require",
+        # GPU and other devices
+        "devices", "gpus", "gpu_caps", "driver_root", "dev_root", "no_require",
         # cgroup
         "cgroup_parent", "memory", "memory_swap", "pids_limit", "cpus", "best_effort",
         # security
@@ -50,6 +50,7 @@ class RunSpec:
         self.env_host = False
         self.tty = False
         self.verbose = False
+        self.devices = []           # --device HOST[:DST], in order
         self.gpus = None
         self.gpu_caps = None
         self.driver_root = None

@@ -373,3 +373,31 @@ def test_rootless_leaf_in_a_delegated_subtree(rootless_runner, rootfs):
         assert not [n for n in os.listdir(deleg) if n.startswith("gpusandbox-")]
     finally:
         os.rmdir(deleg)
+
+
+def test_device_option_adds_a_node_the_filter_allows(runner, sim_host, rootfs):
+    """--device passes a host character device (e.g. an InfiniBand verbs node)
+    by number: it opens inside (ENXIO: no driver behind it here), where a node
+    that was not granted is refused by the filter (root) or absent."""
+    node = os.path.join(str(sim_host), "dev", "nvidia2")
+    r = runner.run(["--device", f"{node}:/dev/infiniband/uverbs0", str(rootfs), "python3", "-c",
+                    "import os, errno\n"
+                    "try:\n"
+                    "    os.open('/dev/infiniband/uverbs0', os.O_RDWR)\n"
+                    "    print('opened')\n"
+                    "except OSError as e:\n"
+                    "    print(errno.errorcode[e.errno])\n"
+                    "print(sorted(os.listdir('/dev/infiniband')))\n"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["ENXIO", "['uverbs0']"]
+
+
+@pytest.mark.parametrize("arg,needle", [
+    ("/etc/passwd", "not a character device"),
+    ("/no/such/node", "No such file or directory"),
+    ("/dev/null:/opt/null", "DST under /dev"),
+])
+def test_device_option_bad_input(runner, rootfs, arg, needle):
+    r = runner.run(["--device", arg, str(rootfs), "true"])
+    assert r.returncode == 125
+    assert r.stderr.startswith("gpusandbox: error: ") and needle in r.stderr.splitlines()[0]
