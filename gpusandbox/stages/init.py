@@ -216,6 +216,12 @@ def _loopback_up():
         ipr.link("set", index=idx[0], state="up")
 
 
+def _peer_gone(fd):
+    """Whether the other end of a pipe that is never written has closed."""
+    import select
+    return bool(select.select([fd], [], [], 0)[0])
+
+
 def _close_except(keep):
     low = 3
     for fd in sorted(keep) + [0x7FFFFFFF]:
@@ -240,13 +246,20 @@ def _open_pty(sock):
     return slave
 
 
-def run(plan, go_r, err_w, tty_sock):
-    """Entry of the clone3() child; never returns."""
+def run(plan, go_r, err_w, tty_sock, wait):
+    """Entry of the clone3() child; never returns.
+
+    wait: the launcher has work to do on this process before it may go on
+    (id maps through newuidmap, a cgroup v1 join) and says "G" when done.
+    Otherwise it never writes: its end of the pipe only tells whether it is
+    alive."""
     step = "starting"
     try:
-        # Die with the launcher.  The go pipe closes the race: a launcher that
-        # died before this prctl leaves an EOF there instead of a "G".
+        # Die with the launcher.  A launcher that died before this prctl has
+        # closed its end of the go pipe: EOF there, checked next, closes the race.
         k.prctl(k.PR_SET_PDEATHSIG, 9)
+        if not wait and _peer_gone(go_r):
+            os._exit(125)
         # Nothing the caller's process left open stays open in the sandbox's
         # init for its whole life (stdio, the pipes and the tty socket stay).
         _close_except({0, 1, 2, go_r, err_w, *plan.keep_fds}
@@ -255,9 +268,9 @@ def run(plan, go_r, err_w, tty_sock):
         # Leave the caller's process group and session: keyboard signals reach
         # the launcher only, which forwards them once.
         os.setsid()
-        # What needs no id map runs while the launcher writes the maps: the
-        # capabilities in a new user namespace exist from the clone on, and
-        # host paths are looked up with the caller's unchanged kernel uid.
+        # What needs no id map runs first: the capabilities in a new user
+        # namespace exist from the clone on, and host paths are looked up with
+        # the caller's unchanged kernel uid.
         step = "setting the hostname"
         k.sethostname(plan.hostname)
         step = "making the mount tree private"
@@ -265,12 +278,20 @@ def run(plan, go_r, err_w, tty_sock):
         step = "opening host sources"
         src, nodes, mounts, binds = _open_sources(plan)
         # Files created from here on need the caller's id mapped.
-        if os.read(go_r, 1) != b"G":
-            os._exit(125)
+        if wait:
+            if os.read(go_r, 1) != b"G":
+                os._exit(125)
+        elif plan.idmap:
+            # A one-id map of its own euid is one a process may write for
+            # itself (user_namespaces(7)): no round trip with the launcher.
+            step = "writing the user namespace's id maps"
+            from ..linux import idmap
+            _, uin, uout, gin, gout = plan.idmap
+            idmap.write_single("self", uin, uout, gin, gout, plan.real_root)
         os.close(go_r)
         # Not dumpable: the command cannot open /proc/1/exe, /proc/1/fd/* or
         # ptrace this process (CVE-2019-5736 class).  After the id maps, which
-        # the launcher writes into /proc/<pid> of a still-dumpable child.
+        # the launcher may write into /proc/<pid> of a still-dumpable child.
         k.prctl(4, 0)  # PR_SET_DUMPABLE
         pause_point(plan, "init-start")
         step = "building the root filesystem"

@@ -47,12 +47,9 @@ def _clone_error(e, plan):
 
 
 def _write_maps(plan, pid):
-    if plan.idmap is None:
-        return
-    if plan.idmap[0] == "single":
-        _, uin, uout, gin, gout = plan.idmap
-        idmap.write_single(pid, uin, uout, gin, gout, plan.real_root)
-    else:
+    """Multi-range maps need the launcher (newuidmap/newgidmap, or root);
+    init writes a one-id map for itself."""
+    if plan.idmap and plan.idmap[0] == "full":
         idmap.write_full(pid, plan.idmap[1], plan.idmap[2], plan.real_root)
 
 
@@ -86,6 +83,9 @@ def launch(spec):
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        v1_join = bool(cg and cg.dirfd < 0 and cg.path)
+        wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join \
+            or spec.pause_at == "after-clone"
         try:
             pid = k.clone_fork(plan.clone_flags, cg.dirfd if cg else -1)
         except OSError as e:
@@ -106,7 +106,7 @@ def launch(spec):
             # The child must never return into the launcher's code (its
             # finally blocks would tear down the cgroup from inside).
             try:
-                init.run(plan, go_r, err_w, tty[1] if tty else None)
+                init.run(plan, go_r, err_w, tty[1] if tty else None, wait)
             finally:
                 os._exit(125)
         os.close(go_r)
@@ -120,13 +120,13 @@ def launch(spec):
             os.waitpid(pid, 0)
             pid = 0
             raise
-        if cg and cg.dirfd < 0 and cg.path:
+        if v1_join:
             # cgroup v1 fallback: clone3 cannot join a v1 cgroup, so join by pid
             # before init is allowed to go on.
             cg.join(pid)
         channel.pause_point(plan, "after-clone")
-        os.write(go_w, b"G")
-        os.close(go_w)
+        if wait:
+            os.write(go_w, b"G")
         master = None
         if tty:
             import socket
@@ -135,6 +135,7 @@ def launch(spec):
             master = fds[0] if fds else None
         status = _supervise(pid, err_r, master)
         pid = 0
+        os.close(go_w)
     finally:
         if pid:
             try:
