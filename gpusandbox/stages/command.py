@@ -33,6 +33,15 @@ def run(plan, err_w, wdfd, tty_slave):
         # init blocks the forwarded signals for sigwaitinfo(); the mask is
         # inherited across execve, so clear it or the command never sees them.
         _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+        # Ignored signals stay ignored across execve, and CPython ignores
+        # SIGPIPE and SIGXFSZ: without this, `yes | head` inside would end in
+        # "Broken pipe" errors instead of a quiet SIGPIPE.
+        for sig in range(1, _signal.NSIG):
+            try:
+                if _signal.getsignal(sig) == _signal.SIG_IGN:
+                    _signal.signal(sig, _signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
         # Own session: the command cannot reach the caller's terminal with
         # TIOCSTI (it is no longer its controlling terminal).
         os.setsid()

@@ -395,3 +395,11 @@ def test_userns_subids_without_range_is_one_clear_line(root_runner, rootfs, tmp_
     assert r.returncode == 125
     assert r.stderr.startswith("gpusandbox: error: --userns subids: no subordinate id range")
     assert "hint: add a range" in r.stderr
+
+
+def test_no_signal_is_ignored_in_the_command(runner, rootfs):
+    # CPython (the launcher) ignores SIGPIPE and SIGXFSZ; the command must not.
+    r = sh(runner, rootfs, "grep SigIgn /proc/self/status; yes | head -n 1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["SigIgn:\t0000000000000000", "y"]
+    assert "Broken pipe" not in r.stderr
