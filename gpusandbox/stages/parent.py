@@ -64,6 +64,12 @@ def launch(spec):
         # ttyname work there); init sends the master back over this pair.
         import socket
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Block what we forward before anything exists to tear down: a signal that
+    # arrives while the cgroup leaf is made or during the clone stays pending
+    # instead of killing the launcher half-way.  init inherits the mask and
+    # collects those signals with sigwaitinfo(); the launcher unblocks them
+    # once its own handlers are in place, and forwards them.
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
     cg = _cgroup(plan, spec)
     if cg and not spec.verbose:
         for w in cg.warnings:
@@ -77,10 +83,6 @@ def launch(spec):
     pid = 0
     try:
         channel.pause_point(plan, "after-cgroup")
-        # Block what we forward before the clone: init inherits the mask and
-        # collects those signals with sigwaitinfo(); the launcher unblocks
-        # them once its own handlers are in place, so none is lost.
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         v1_join = bool(cg and cg.dirfd < 0 and cg.path)
