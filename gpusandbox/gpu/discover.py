@@ -111,11 +111,11 @@ class MigDevice:
 
 
 class Library:
-    __slots__ = ("family", "name", "host_path", "flags", "bits")
+    __slots__ = ("family", "name", "host_path", "flags", "bits", "soname")
 
-    def __init__(self, family, name, host_path, flags, bits):
+    def __init__(self, family, name, host_path, flags, bits, soname=None):
         self.family, self.name, self.host_path = family, name, host_path
-        self.flags, self.bits = flags, bits
+        self.flags, self.bits, self.soname = flags, bits, soname
 
     def __repr__(self):
         return f"Library({self.host_path} {self.bits}-bit)"
@@ -358,7 +358,7 @@ def _libs(host, resolve):
         raise GpuError("driver libraries", f"{cpath}: {e}",
                        hint="run ldconfig in the driver root to rebuild it") from None
     suffix = ".so." + host.version
-    seen, libs = set(), []
+    seen, libs = {}, []
     abi_bits = ldcache.abi_bits
     for flags, key, value, _osv, hwcap in rows:
         bits = abi_bits(flags)
@@ -371,11 +371,19 @@ def _libs(host, resolve):
             continue
         path = ldcache._cstr(data, value, base, end)
         real = resolve(os.fsdecode(path))
-        if real is None or real in seen or not real.endswith(suffix):
+        if real is None or not real.endswith(suffix):
             continue
-        seen.add(real)
+        # ldconfig keys a library by its SONAME link, and also by a
+        # development link (libcuda.so) when one exists: the key that is not
+        # a bare "<name>.so" is the SONAME, so no ELF file has to be read.
+        soname = os.fsdecode(name) if not name.endswith(b".so") else None
+        if real in seen:
+            if soname and not seen[real].soname:
+                seen[real].soname = soname
+            continue
         fname = real.rsplit("/", 1)[1]
-        libs.append(Library(fname[:fname.index(".so")], fname, real, flags, bits))
+        lib = seen[real] = Library(fname[:fname.index(".so")], fname, real, flags, bits, soname)
+        libs.append(lib)
     if not libs:
         raise GpuError("driver libraries",
                        f"{cpath} lists no library ending in {suffix}",

@@ -132,7 +132,7 @@ def device_rules(host, sel):
 
 
 def _soname(lib):
-    name = ldcache.elf_soname(lib.host_path)
+    name = lib.soname or ldcache.elf_soname(lib.host_path)
     if name:
         return name
     return f"{lib.family}.so.{_SONAME_MAJOR.get(lib.family, '1')}"

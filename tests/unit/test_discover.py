@@ -3,7 +3,6 @@ import importlib.util
 import os
 import shutil
 import tempfile
-import time
 
 import pytest
 
@@ -152,20 +151,15 @@ def test_hidden_uuid_is_recorded_as_unknown():
         assert h.gpus[0].uuid is None and any("hides" in p for p in h.problems)
 
 
-def test_discovery_of_a_2000_entry_cache_is_fast():
+def test_discovery_among_2000_cache_entries():
+    # Timing is the benchmark's business (scripts/bench); here: the right libraries.
     with fx.FakeDriver(gpus=8, filler=2000) as fd:
         with open(fd.p("etc/ld.so.cache"), "rb") as f:
             assert f.read().count(b"libfill") >= 2000
-        discover.discover(fd.root)
-        times = []
-        for _ in range(25):
-            t = time.perf_counter()
-            discover.discover(fd.root)
-            times.append(time.perf_counter() - t)
-        best = min(times) * 1000
-        print(f"\ndiscovery, 8 GPUs, ~2,000-entry ld.so.cache: best {best:.2f} ms, "
-              f"median {sorted(times)[12] * 1000:.2f} ms")
-        assert best < 5.0
+        h = discover.discover(fd.root)
+        assert len(h.gpus) == 8
+        assert h.libs and not any("libfill" in lib.name for lib in h.libs)
+        assert all(lib.name.endswith(".so." + h.version) for lib in h.libs)
 
 
 def test_info_report(fake, capsys):
@@ -224,9 +218,12 @@ def test_discovery_of_the_simulated_host():
         from gpusandbox.gpu import select
         sel = select.resolve(sim_migs[1]["uuid"], None, {}, h)
         assert [(m.gi, m.ci) for m in sel.migs] == [(2, 0)]
-        best = min(_timed(lambda: discover.discover(d)) for _ in range(15))
-        print(f"\ndiscovery of the simulated host (4 GPUs, padded cache): {best * 1000:.2f} ms")
-        assert best < 0.005
+        # The simulator installs development links (libcuda.so) as drivers do:
+        # the recorded SONAME must still be the versioned one.
+        from gpusandbox.gpu import ldcache
+        assert all(lib.soname == ldcache.elf_soname(lib.host_path) for lib in h.libs)
+        assert any(os.path.islink(os.path.join(d, "usr/lib/x86_64-linux-gnu", f"{lib.family}.so"))
+                   for lib in h.libs)
     finally:
         if made:
             sim.destroy(d)   # removes what it made, leaves our mkdtemp directory
@@ -234,7 +231,13 @@ def test_discovery_of_the_simulated_host():
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _timed(fn):
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+
+def test_soname_comes_from_the_cache_key_not_the_dev_link(fake, host):
+    """ldconfig also lists development links (libcuda.so) when they exist;
+    the SONAME recorded for a library must be the versioned one, the same as
+    its ELF DT_SONAME, without reading the ELF file."""
+    from gpusandbox.gpu import ldcache
+    assert host.libs
+    for lib in host.libs:
+        assert lib.soname == ldcache.elf_soname(lib.host_path), lib
+        assert not lib.soname.endswith(".so")
