@@ -9,6 +9,7 @@ import os
 
 from ..linux import mounts as m
 from ..linux import sys as k
+from ..plan import MASKED_DIRS, MASKED_FILES, OWN_FS, READONLY_PATHS, STD_DEVICES
 from . import command
 from .channel import fail, pause_point
 
@@ -21,7 +22,7 @@ def _open_sources(plan):
     no source can ever be a path inside the image, and a later mount cannot
     shadow one (a -v source under /tmp stays reachable)."""
     src = {}
-    for name in ("null", "zero", "full", "random", "urandom", "tty"):
+    for name in STD_DEVICES:
         src["dev:" + name] = m.clone_tree("/dev/" + name, recursive=False)
     src["sys"] = m.clone_tree("/sys", recursive=True)
     nodes = []
@@ -59,8 +60,8 @@ def _rootfs(plan):
         top = f"/proc/self/fd/{scratch}"
         # ':' separates lower layers in overlayfs' option syntax; escape it
         # (and the escape character) so any directory name works.
-        lower = plan.rootfs.replace("\\", "\\\\").replace(":", "\\:")
-        opts = [f"lowerdir={lower}", f"upperdir={top}/upper", f"workdir={top}/work"]
+        lowerdir = plan.rootfs.replace("\\", "\\\\").replace(":", "\\:")
+        opts = [f"lowerdir={lowerdir}", f"upperdir={top}/upper", f"workdir={top}/work"]
         if plan.userns != "host":
             # trusted.* xattrs cannot be set in a user namespace (overlayfs docs).
             opts.append("userxattr")
@@ -82,7 +83,7 @@ def _system_mounts(plan, rootfd, src):
     m.attach(sysfd, tgt(rootfd, "/sys", strict=True), "binding /sys read-only")
     m.attach(m.new_fs("tmpfs", ("mode=0755", "size=4m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/dev", strict=True), "mounting /dev")
-    for name in ("null", "zero", "full", "random", "urandom", "tty"):
+    for name in STD_DEVICES:
         m.attach(src.pop("dev:" + name), tgt(rootfd, "/dev/" + name, "file", strict=True),
                  f"binding /dev/{name}")
     pts = ["newinstance", "ptmxmode=0666", "mode=0620"]
@@ -110,7 +111,7 @@ def _apply_edits(plan, rootfd, nodes, mounts):
     tgt = m.open_target
     # With an overlay the links already sit in its upper layer.
     links = edits.symlinks if plan.spec.rootfs_mode == "rw" else [
-        ln for ln in edits.symlinks if ln.path.startswith(("/proc/", "/dev/", "/tmp/", "/run/"))]
+        ln for ln in edits.symlinks if ln.path.startswith(OWN_FS)]
     for t in edits.tmpfs:
         fd = m.new_fs("tmpfs", ("mode=0755", "size=1m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
                       | k.MOUNT_ATTR_NOEXEC)
@@ -171,16 +172,14 @@ def _user_binds(rootfd, binds):
 
 def _mask(rootfd):
     """Hide or freeze the kernel interfaces runc hides by default."""
-    for path in ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
-                 "/proc/latency_stats", "/proc/timer_stats"):
+    for path in MASKED_FILES:
         try:
             target = m.open_target(rootfd, path, "file", create=False, strict=True)
         except OSError:
             continue
         null = m.clone_tree("dev/null", recursive=False, dirfd=rootfd)
         m.attach(null, target, f"masking {path}")
-    for path in ("/proc/acpi", "/proc/scsi", "/proc/asound", "/sys/firmware",
-                 "/sys/devices/virtual/powercap"):
+    for path in MASKED_DIRS:
         try:
             target = m.open_target(rootfd, path, "dir", create=False, strict=True)
         except OSError:
@@ -188,7 +187,7 @@ def _mask(rootfd):
         empty = m.new_fs("tmpfs", ("size=0", "mode=0555"), k.MOUNT_ATTR_RDONLY
                          | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
         m.attach(empty, target, f"masking {path}")
-    for path in ("/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/sysrq-trigger"):
+    for path in READONLY_PATHS:
         try:
             target = m.open_target(rootfd, path, "dir" if path != "/proc/sysrq-trigger"
                                    else "file", create=False, strict=True)
