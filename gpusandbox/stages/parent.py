@@ -7,12 +7,12 @@ import sys
 
 from .. import plan as planmod
 from ..errors import SandboxError
-from ..linux import idmap
+from ..linux import cgroup, idmap
 from ..linux import sys as k
 from . import channel
 # Imported here rather than in the clone child: the child then starts work at
-# once instead of loading modules while the launcher waits for it.
-from . import init  # noqa: E402
+# once instead of loading modules first.
+from . import init
 
 _SIGCHLD = 17
 _SIGWINCH = 28
@@ -24,13 +24,8 @@ def _say(msg):
 
 
 def _cgroup(plan, spec):
-    """A leaf for the sandbox when this launch can have one (root, or a
-    delegated subtree) or asked for limits.  None when cgroups are out of
-    reach and nothing requires them."""
-    try:
-        from ..linux import cgroup
-    except ImportError:
-        return None
+    """The sandbox's cgroup handle: a leaf when this launch can have one
+    (root, or a delegated subtree); without one, notes saying why."""
     limits = None
     if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
         limits = cgroup.Limits(memory=spec.memory, memory_swap=spec.memory_swap,
@@ -71,11 +66,11 @@ def launch(spec):
     # once its own handlers are in place, and forwards them.
     _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
     cg = _cgroup(plan, spec)
-    if cg and not spec.verbose:
+    if not spec.verbose:
         for w in cg.warnings:
             _say(f"warning: {w}")
     if spec.verbose:
-        for note in (cg.notes if cg else ["cgroup: none (the cgroup layer is not available)"]):
+        for note in cg.notes:
             _say(note)
         for note in plan.notes:
             _say(note)
@@ -85,22 +80,21 @@ def launch(spec):
         channel.pause_point(plan, "after-cgroup")
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        v1_join = bool(cg and cg.dirfd < 0 and cg.path)
+        v1_join = bool(cg.dirfd < 0 and cg.path)
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join \
             or spec.pause_at == "after-clone"
         try:
-            pid = k.clone_fork(plan.clone_flags, cg.dirfd if cg else -1)
+            pid = k.clone_fork(plan.clone_flags, cg.dirfd)
         except OSError as e:
             raise _clone_error(e, plan) from None
         if pid == 0:
             # init never execs, so O_CLOEXEC does not apply: close the launcher's
             # cgroup and BPF program fds or init would hold them for its lifetime.
-            if cg:
-                for fd in cg.fds:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
+            for fd in cg.fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
             os.close(go_w)
             os.close(err_r)
             if tty:
@@ -145,12 +139,11 @@ def launch(spec):
                 os.waitpid(pid, 0)
             except OSError:
                 pass
-        if cg:
-            seen = len(cg.notes)
-            cg.teardown()
-            if spec.verbose:
-                for note in cg.notes[seen:]:
-                    _say(note)
+        seen = len(cg.notes)
+        cg.teardown()
+        if spec.verbose:
+            for note in cg.notes[seen:]:
+                _say(note)
     return status
 
 
