@@ -146,8 +146,7 @@ def proc_root(driver_root):
 
 def _read(path):
     try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
+        return lsys.read_file(path).decode("utf-8", "replace")
     except FileNotFoundError:
         return None
 
@@ -347,8 +346,7 @@ def _check_mig_minors(host, migs):
 def _libs(host, resolve):
     cpath = host.path("/etc/ld.so.cache")
     try:
-        with open(cpath, "rb") as f:
-            data = f.read()
+        data = lsys.read_file(cpath)
     except OSError as e:
         raise GpuError("driver libraries", f"cannot read {cpath}: {os.strerror(e.errno)}",
                        hint="run ldconfig in the driver root") from None

@@ -13,7 +13,7 @@ from gpusandbox.edits import ContainerEdits, DeviceNode, File, Mount, Symlink, T
 from gpusandbox.errors import GpuError
 from gpusandbox.gpu import ldcache
 from gpusandbox.gpu.discover import CAP_BINS, CAP_LIBS, IMPLIES
-from gpusandbox.linux.sys import read_in_root
+from gpusandbox.linux.sys import read_file, read_in_root
 
 RO = ("ro", "nosuid", "nodev")
 RO_PROC = ("ro", "nosuid", "nodev", "noexec")
@@ -142,8 +142,8 @@ def _params(host):
     """The host's params with ModifyDeviceFiles: 0, so libraries inside never
     try to create or chmod /dev nodes."""
     try:
-        with open(host.proc("/proc/driver/nvidia/params"), "rb") as f:
-            lines = f.read().decode("utf-8", "replace").splitlines()
+        lines = read_file(host.proc("/proc/driver/nvidia/params")).decode(
+            "utf-8", "replace").splitlines()
     except OSError:
         lines = []
     out = [ln for ln in lines if not ln.startswith("ModifyDeviceFiles:")]

@@ -41,8 +41,7 @@ class _Data(ctypes.Structure):
 
 def last_cap():
     try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            return int(f.read())
+        return int(k.read_file("/proc/sys/kernel/cap_last_cap"))
     except (OSError, ValueError):
         return CAP_LAST
 

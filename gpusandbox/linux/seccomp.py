@@ -30,6 +30,7 @@ import os
 import struct
 
 from gpusandbox.errors import SeccompError
+from gpusandbox.linux.sys import read_file
 
 COMPILER_VERSION = 1
 BPF_MAXINSNS = 4096
@@ -87,8 +88,7 @@ def profile_path(name_or_path):
 
 def _read(path):
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_file(path)
     except OSError as e:
         raise SeccompError(f"cannot read seccomp profile {path}", e.strerror,
                            "check the path given to --seccomp") from None
@@ -140,8 +140,7 @@ def _shipped(path, data, arch):
     if b"minKernel" in data:
         return None
     try:
-        with open(f"{path[:-5]}.{arch}.bpf", "rb") as f:
-            blob = f.read()
+        blob = read_file(f"{path[:-5]}.{arch}.bpf")
     except OSError:
         return None
     if not blob.startswith(_SHIPPED_MAGIC) or len(blob) < 10:
