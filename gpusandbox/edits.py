@@ -35,13 +35,15 @@ class DeviceNode:
 class Mount:
     """A read-only (unless 'rw' in options) bind mount of a host file or dir.
 
-    options: subset of {"ro", "rw", "nosuid", "nodev", "noexec"}."""
-    __slots__ = ("host_path", "path", "options")
+    options: subset of {"ro", "rw", "nosuid", "nodev", "noexec"}.
+    kind: "dir" or "file", filled in by the plan from the host path."""
+    __slots__ = ("host_path", "path", "options", "kind")
 
-    def __init__(self, host_path, path, options=("ro", "nosuid", "nodev")):
+    def __init__(self, host_path, path, options=("ro", "nosuid", "nodev"), kind=None):
         self.host_path = host_path
         self.path = path
         self.options = tuple(options)
+        self.kind = kind
 
     def __repr__(self):
         return f"Mount({self.host_path!r} -> {self.path!r} {','.join(self.options)})"

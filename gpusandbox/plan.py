@@ -38,11 +38,13 @@ def mount_points(plan):
     points = [("/proc", "dir"), ("/sys", "dir"), ("/dev", "dir"), ("/tmp", "dir"),
               ("/run", "dir")]
     for mnt in plan.edits.mounts:
-        points.append((mnt.path, "dir" if os.path.isdir(mnt.host_path) else "file"))
+        if mnt.kind is None:
+            mnt.kind = "dir" if os.path.isdir(mnt.host_path) else "file"
+        points.append((mnt.path, mnt.kind))
     for f in plan.edits.files:
         points.append((f.path, "file"))
     for b in plan.binds:
-        points.append((b.dst, "dir" if os.path.isdir(b.src) else "file"))
+        points.append((b.dst, b.kind))
     points.append((plan.workdir, "dir"))
     points = [(p, k) for p, k in points if not p.startswith(OWN_FS) and p != "/"]
     links = [(ln.path, ln.target) for ln in plan.edits.symlinks
@@ -74,15 +76,15 @@ def _job_binds(env):
         path = env.get(key)
         if path and path.startswith("/") and os.path.isdir(path) and \
                 not any(b.dst == path for b in out):
-            out.append(Bind(path, os.path.normpath(path), True))
+            out.append(Bind(path, os.path.normpath(path), True, "dir"))
     return out
 
 
 class LaunchPlan:
-    __slots__ = ("keep_fds", "points", "links", "spec", "rootfs", "clone_flags", "userns", "idmap", "cmd_uid", "cmd_gid",
-                 "clear_groups", "caps", "env", "argv", "workdir", "hostname", "binds",
-                 "edits", "seccomp", "device_rules", "notes", "real_root", "devpts_gid",
-                 "warnings")
+    __slots__ = ("spec", "rootfs", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
+                 "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
+                 "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
+                 "device_rules", "notes", "warnings")
 
     def __init__(self, spec):
         self.spec = spec
@@ -215,7 +217,7 @@ def _identity(plan, spec):
 def _check_binds(spec):
     for b in spec.binds:
         try:
-            os.stat(b.src)
+            b.kind = "dir" if stat.S_ISDIR(os.stat(b.src).st_mode) else "file"
         except FileNotFoundError:
             raise UsageError(f"bind source not found: {b.src}", None,
                              "create it first or fix the path given to -v/--bind") from None

@@ -4,12 +4,13 @@ where attrs' import cost (~20 ms) would double the launcher's own time."""
 
 
 class Bind:
-    __slots__ = ("src", "dst", "rw")
+    __slots__ = ("src", "dst", "rw", "kind")
 
-    def __init__(self, src, dst, rw=True):
+    def __init__(self, src, dst, rw=True, kind=None):
         self.src = src
         self.dst = dst
         self.rw = rw
+        self.kind = kind         # "dir" or "file", from the plan's stat of src
 
     def __repr__(self):
         return f"Bind({self.src!r}:{self.dst!r}:{'rw' if self.rw else 'ro'})"

@@ -120,10 +120,9 @@ def _apply_edits(plan, rootfd, nodes, mounts):
         m.restrict(fd, ro=False, nodev=False, recursive=False)
         m.attach(fd, tgt(rootfd, node.path, "file"), f"binding device {node.host_path}")
     for mnt, fd in mounts:
-        kind = "dir" if os.path.isdir(mnt.host_path) else "file"
         m.restrict(fd, ro="rw" not in mnt.options, nosuid="nosuid" in mnt.options,
                    nodev="nodev" in mnt.options, noexec="noexec" in mnt.options)
-        m.attach(fd, tgt(rootfd, mnt.path, kind), f"binding {mnt.host_path} at {mnt.path}")
+        m.attach(fd, tgt(rootfd, mnt.path, mnt.kind), f"binding {mnt.host_path} at {mnt.path}")
     for link in links:
         parent, _, name = link.path.rpartition("/")
         pfd = tgt(rootfd, parent or "/")
@@ -165,9 +164,8 @@ def _apply_edits(plan, rootfd, nodes, mounts):
 
 def _user_binds(rootfd, binds):
     for b, fd in binds:
-        kind = "dir" if os.path.isdir(b.src) else "file"
         m.restrict(fd, ro=not b.rw, nodev=True, nosuid=True)
-        m.attach(fd, m.open_target(rootfd, b.dst, kind), f"binding {b.src} at {b.dst}")
+        m.attach(fd, m.open_target(rootfd, b.dst, b.kind), f"binding {b.src} at {b.dst}")
 
 
 def _mask(rootfd):
