@@ -10,6 +10,7 @@ import errno
 import os
 
 from gpusandbox.errors import CgroupError, UsageError
+from gpusandbox.linux.sys import read_file
 
 _PERIOD = 100000
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN, _CAP_BPF = 12, 21, 39
@@ -98,16 +99,7 @@ def _cpus(text):
 
 # --- host facts ----------------------------------------------------------------
 def _read(path):
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while True:
-            b = os.read(fd, 65536)
-            if not b:
-                return b"".join(chunks).decode("utf-8", "replace")
-            chunks.append(b)
-    finally:
-        os.close(fd)
+    return read_file(path).decode("utf-8", "replace")
 
 
 def _write(path, text):
