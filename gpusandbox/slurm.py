@@ -30,9 +30,10 @@ So the rule is, in this order:
 3. Nothing denied (no ConstrainDevices): SLURM_STEP_GPUS (else SLURM_JOB_GPUS)
    are gres.conf positions.  The gres.conf next to $SLURM_CONF (default
    /etc/slurm/slurm.conf) is read for the `Name=gpu` File= list of this node
-   (SLURMD_NODENAME); when it cannot be read, the list is assumed to be every
-   /dev/nvidiaN in minor order, which is what `File=/dev/nvidia[0-N]` and
-   AutoDetect give.  A per-task CUDA_VISIBLE_DEVICES with fewer entries than the
+   (SLURMD_NODENAME); when it cannot be read or lists no device files for
+   this node, positions cannot be mapped to devices, and a launch that needs
+   the mapping (any allocation short of every GPU) is refused with the fixes,
+   never resolved by assuming minor order.  A per-task CUDA_VISIBLE_DEVICES with fewer entries than the
    step then narrows the step's set: entries are gres positions (or UUIDs), and
    local indices into the step's set if they are not all in the step.
    Without CUDA_VISIBLE_DEVICES, a per-task binding (SLURMD_TRES_BIND=
@@ -51,6 +52,7 @@ import errno
 import os
 
 from .errors import GpuError
+from .imagedata import isdigits
 
 _ALLOC_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 _HINT = ("pass explicit --gpus N,M, or ask the admin to check gres.conf "
@@ -76,15 +78,15 @@ def resolve_auto(environ, host, probe=None):
     if not gpus:
         raise GpuError("--gpus auto: Slurm allocated GPUs but the host has none",
                        why=f"{_ALLOC_VARS[0]}={environ.get(_ALLOC_VARS[0], '')}", hint=_HINT)
-    order = _gres_order(environ, gpus)
+    order, known = _gres_order(environ, gpus)
     verdict = {g.minor: probe(_node_path(host, g)) for g in gpus}
     allowed = [g for g in order if verdict.get(g.minor)]
     denied = [g for g in gpus if verdict[g.minor] is False]
     cvd = _cvd(environ)
     if denied:
-        chosen = _constrained(environ, allowed, cvd)
+        chosen = _constrained(environ, allowed, cvd, known)
     else:
-        chosen = _unconstrained(environ, order, cvd)
+        chosen = _unconstrained(environ, order, cvd, known)
     if not chosen:
         return "none"
     return ",".join(str(g.index) for g in sorted(chosen, key=lambda g: g.index))
@@ -145,7 +147,7 @@ def _allocation(environ):
     return None, on_node, "SLURM_GPUS_ON_NODE"
 
 
-def _constrained(environ, allowed, cvd):
+def _constrained(environ, allowed, cvd, known=True):
     if cvd is not None:
         count, source = len(cvd), "CUDA_VISIBLE_DEVICES"
     else:
@@ -159,20 +161,24 @@ def _constrained(environ, allowed, cvd):
     if count == len(allowed):
         return allowed
     if cvd is not None and len(cvd) < len(allowed):
-        return _pick(cvd, allowed, local_first=True, what="CUDA_VISIBLE_DEVICES")
+        return _pick(cvd, allowed, local_first=True, what="CUDA_VISIBLE_DEVICES", known=known,
+                     environ=environ)
     raise GpuError(f"--gpus auto: {source} names {count} GPU(s) but this step may open "
                    f"{len(allowed)} (minors {','.join(str(g.minor) for g in allowed)})",
                    why="Slurm's variables disagree with the step's device cgroup", hint=_HINT)
 
 
-def _unconstrained(environ, order, cvd):
+def _unconstrained(environ, order, cvd, known=True):
+    if cvd == []:   # NoDevFiles: this task got no GPU, whatever the step holds
+        return []
     ids, count, source = _allocation(environ)
     if ids is None:
         raise GpuError(f"--gpus auto: {source}={count} but no SLURM_STEP_GPUS/SLURM_JOB_GPUS "
                        "list names which GPUs", hint=_HINT)
-    step = _pick(ids, order, local_first=False, what=source)
+    step = _pick(ids, order, local_first=False, what=source, known=known, environ=environ)
     if cvd is not None and len(cvd) < len(step):
-        return _pick(cvd, step, local_first=False, what="CUDA_VISIBLE_DEVICES", gres=order)
+        return _pick(cvd, step, local_first=False, what="CUDA_VISIBLE_DEVICES", gres=order,
+                     known=known, environ=environ)
     # slurmd exports the step's binding as SLURMD_TRES_BIND=gpu:per_task:N
     # (--gpus-per-task) or gpu:none (--gpu-bind=none).
     bind = environ.get("SLURMD_TRES_BIND", "")
@@ -181,16 +187,20 @@ def _unconstrained(environ, order, cvd):
     if cvd is None and per_task and local_id is not None and per_task < len(step):
         block = step[local_id * per_task:(local_id + 1) * per_task]
         if len(block) == per_task:
+            if not known:
+                raise _order_unknown(environ, f"SLURM_LOCALID={local_id}")
             return block
     return step
 
 
-def _pick(items, pool, local_first, what, gres=None):
+def _pick(items, pool, local_first, what, gres=None, known=True, environ=None):
     """Map Slurm entries (indices or GPU UUIDs) onto GPUs of `pool`.
 
     Numbers are positions in `gres` (gres.conf order; `pool` itself when None)
     unless local_first, where they are positions in `pool`; when the first
-    reading leaves `pool`, the other one is tried."""
+    reading leaves `pool`, the other one is tried.  Without a known gres.conf
+    order, numbers are accepted only when they name every GPU of `pool` (the
+    one answer that does not depend on the order)."""
     by_uuid = {g.uuid: g for g in pool if getattr(g, "uuid", None)}
     nums, out = [], []
     for it in items:
@@ -202,6 +212,10 @@ def _pick(items, pool, local_first, what, gres=None):
             raise GpuError(f"--gpus auto: {what} entry {it!r} is neither an index nor a UUID of "
                            "an allocated GPU", hint=_HINT)
         nums.append(n)
+    if nums and not known:
+        if out or sorted(set(nums)) != list(range(len(pool))):
+            raise _order_unknown(environ or {}, f"{what}={','.join(items)}")
+        return list(pool)
     if nums:
         readings = [pool, gres or pool] if local_first else [gres or pool, pool]
         for table in readings:
@@ -230,7 +244,7 @@ def _split(val):
     for part in val.split(","):
         part = part.strip()
         a, sep, b = part.partition("-")
-        if sep and a.isdigit() and b.isdigit():
+        if sep and isdigits(a) and isdigits(b) and len(a) < 6 and len(b) < 6:
             out += [str(i) for i in range(int(a), int(b) + 1)]
         elif part:
             out.append(part)
@@ -238,26 +252,42 @@ def _split(val):
 
 
 def _int(s):
-    return int(s) if s is not None and s.strip().isdigit() else None
+    return int(s) if s is not None and isdigits(s.strip()) and len(s.strip()) < 10 else None
 
 
 # --- gres.conf ---------------------------------------------------------------
 
 def _gres_order(environ, gpus):
-    """Host GPUs in gres.conf order; minor order when gres.conf is unreadable or
-    names no device files for this node."""
+    """(host GPUs in gres.conf order, True), or (minor order, False) when
+    gres.conf is unreadable or names no device files for this node: then the
+    order is unknown, and only answers that do not depend on it are given."""
     by_minor = {g.minor: g for g in gpus}
     minors = gres_file_minors(environ)
     if minors:
         order = [by_minor[m] for m in minors if m in by_minor]
         if order:
-            return order + [g for g in gpus if g not in order]
-    return list(gpus)
+            return order + [g for g in gpus if g not in order], True
+    return list(gpus), False
+
+
+def _gres_path(environ):
+    conf = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    return os.path.join(os.path.dirname(conf), "gres.conf")
+
+
+def _order_unknown(environ, what):
+    path = _gres_path(environ)
+    why = (f"{path} lists no Name=gpu File= device files for this node"
+           if os.access(path, os.R_OK) else f"{path} cannot be read")
+    return GpuError(f"--gpus auto: {what} names positions in gres.conf",
+                    why=f"{why}, so they cannot be mapped to devices without a guess",
+                    hint="let users read gres.conf next to slurm.conf and list this node's "
+                         "GPUs in it (Name=gpu File=/dev/nvidia[0-3]), enable "
+                         "ConstrainDevices=yes in cgroup.conf, or pass --gpus N,M explicitly")
 
 
 def gres_file_minors(environ):
-    conf = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    path = os.path.join(os.path.dirname(conf), "gres.conf")
+    path = _gres_path(environ)
     try:
         with open(path) as f:
             text = f.read()
@@ -295,7 +325,7 @@ def _minor_of(path):
     except OSError:
         pass
     base = os.path.basename(path)
-    return int(base[6:]) if base.startswith("nvidia") and base[6:].isdigit() else None
+    return int(base[6:]) if base.startswith("nvidia") and isdigits(base[6:]) and len(base) < 16 else None
 
 
 def _expand(expr):
@@ -321,7 +351,7 @@ def _expand_one(word):
     out = []
     for part in body.split(","):
         a, sep, b = part.partition("-")
-        if sep and a.isdigit() and b.isdigit():
+        if sep and isdigits(a) and isdigits(b) and len(a) < 6 and len(b) < 6:
             items = [str(i).zfill(len(a)) for i in range(int(a), int(b) + 1)]
         else:
             items = [part]

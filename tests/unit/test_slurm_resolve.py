@@ -50,6 +50,14 @@ def env(**kw):
     return dict(STEP, **kw)
 
 
+@pytest.fixture(autouse=True)
+def gres_in_minor_order(tmp_path, monkeypatch):
+    """Steps read a gres.conf listing /x/nvidia0..3 in minor order unless a
+    test points SLURM_CONF elsewhere."""
+    (tmp_path / "gres.conf").write_text("Name=gpu File=/x/nvidia[0-3]\n")
+    monkeypatch.setitem(STEP, "SLURM_CONF", str(tmp_path / "slurm.conf"))
+
+
 # --- ConstrainDevices=yes -----------------------------------------------------
 
 def test_constrained_step_gets_the_nodes_it_may_open():
@@ -112,9 +120,48 @@ def test_every_node_refused_while_slurm_allocated_gpus_is_an_error():
 
 # --- no ConstrainDevices: Slurm's positions through gres.conf -------------------
 
-def test_unconstrained_without_gres_conf_assumes_minor_order():
-    e = env(SLURM_STEP_GPUS="1,2", CUDA_VISIBLE_DEVICES="1,2")
-    assert slurm.resolve_auto(e, Host(), probe=open_all) == idx(1, 2)
+NO_GRES = "/nonexistent/slurm.conf"
+
+
+@pytest.mark.parametrize("kw", [
+    dict(SLURM_STEP_GPUS="1,2", CUDA_VISIBLE_DEVICES="1,2"),           # positions of the step
+    dict(SLURM_STEP_GPUS="0,1,2,3", CUDA_VISIBLE_DEVICES="2"),          # a task's position
+    dict(SLURM_STEP_GPUS="0,1,2,3", SLURMD_TRES_BIND="gpu:per_task:2", SLURM_LOCALID="1"),
+])
+def test_unconstrained_without_gres_conf_is_refused_not_guessed(kw):
+    # Minor order is only what File=/dev/nvidia[0-N] gives; gres.conf may list
+    # the devices in any order, so positions cannot be mapped without it.
+    e = env(SLURM_CONF=NO_GRES, **kw)
+    with pytest.raises(GpuError) as ei:
+        slurm.resolve_auto(e, Host(), probe=open_all)
+    assert "positions in gres.conf" in ei.value.what
+    assert "/nonexistent/gres.conf cannot be read" in ei.value.why
+    assert "ConstrainDevices" in ei.value.hint and "--gpus" in ei.value.hint
+
+
+def test_gres_conf_without_device_files_is_refused(tmp_path):
+    (tmp_path / "gres.conf").write_text("AutoDetect=nvml\nName=gpu Count=4\n")
+    e = env(SLURM_CONF=str(tmp_path / "slurm.conf"), SLURM_STEP_GPUS="1")
+    with pytest.raises(GpuError) as ei:
+        slurm.resolve_auto(e, Host(), probe=open_all)
+    assert "lists no Name=gpu File=" in ei.value.why
+
+
+def test_constrained_local_index_without_gres_conf_is_refused():
+    e = env(SLURM_CONF=NO_GRES, SLURM_STEP_GPUS="1,3", CUDA_VISIBLE_DEVICES="1")
+    with pytest.raises(GpuError):
+        slurm.resolve_auto(e, Host(), probe=cgroup(1, 3))
+
+
+@pytest.mark.parametrize("kw, probe, want", [
+    # Answers that do not depend on the order need no gres.conf.
+    (dict(SLURM_STEP_GPUS="0,1,2,3"), open_all, idx(0, 1, 2, 3)),
+    (dict(SLURM_STEP_GPUS="0,1", CUDA_VISIBLE_DEVICES="0,1"), cgroup(1, 2), idx(1, 2)),
+    (dict(SLURM_STEP_GPUS="0,1", CUDA_VISIBLE_DEVICES=Gpu(2).uuid), cgroup(1, 2), idx(2)),
+    (dict(SLURM_STEP_GPUS="0", CUDA_VISIBLE_DEVICES="NoDevFiles"), open_all, "none"),
+])
+def test_without_gres_conf_order_free_answers_still_resolve(kw, probe, want):
+    assert slurm.resolve_auto(env(SLURM_CONF=NO_GRES, **kw), Host(), probe=probe) == want
 
 
 def write_gres(tmp_path, text):
