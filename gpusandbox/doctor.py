@@ -409,23 +409,14 @@ def _stat_in(root, path):
 
 
 def load_image(image_dir):
-    """(rootfs, env dict) of a rootfs directory or an OCI bundle (config.json + rootfs/)."""
-    import json
-    from gpusandbox.environ import parse_env_lines
-    cfg = os.path.join(image_dir, "config.json")
-    if os.path.isfile(cfg) and os.path.isdir(os.path.join(image_dir, "rootfs")):
-        try:
-            with open(cfg, encoding="utf-8") as f:
-                conf = json.load(f)
-            env = conf.get("process", {}).get("env", [])
-        except (OSError, ValueError, AttributeError) as e:
-            raise UsageError(f"cannot read {cfg}", str(e), "give a valid OCI config.json") from None
-        root = conf.get("root", {}).get("path", "rootfs") if isinstance(conf.get("root"), dict) else "rootfs"
-        return os.path.join(image_dir, root), dict(e.partition("=")[::2] for e in env if "=" in e)
-    data = lsys.read_in_root(image_dir, "/etc/environment", limit=1 << 20)
-    pairs = parse_env_lines(data.decode("utf-8", "replace"), f"{image_dir}/etc/environment") \
-        if data else []
-    return image_dir, dict(pairs)
+    """(rootfs, env dict) exactly as the launcher reads them: the same plan
+    functions pick a bundle's rootfs/ (never the bundle's own root.path, which
+    the launcher ignores) and its process.env, else the directory and its
+    /etc/environment."""
+    from gpusandbox import plan
+    root, config = plan._image_root(image_dir)
+    items, _cwd = plan._image_env(root, config)
+    return root, dict(items)
 
 
 def _libc(root):

@@ -38,6 +38,9 @@ def parse_env_lines(text, origin):
         if not eq or not key or not all(c.isalnum() or c == "_" for c in key):
             raise UsageError(f"{origin}:{n}: invalid line {line[:60]!r}",
                              "expected KEY=VALUE", "fix or remove that line")
+        if "\0" in val:   # execve cannot carry it
+            raise UsageError(f"{origin}:{n}: invalid line {line[:60]!r}",
+                             "the value holds a NUL character", "fix or remove that line")
         if len(val) >= 2 and val[0] == val[-1] and val[0] in "\"'":
             val = val[1:-1]
         out.append((key, val))
@@ -48,12 +51,35 @@ def passwd_home(passwd_text, uid):
     if passwd_text:
         for line in passwd_text.splitlines():
             f = line.split(":")
-            if len(f) >= 7 and f[2] == str(uid) and f[5].startswith("/"):
+            if len(f) >= 7 and f[2] == str(uid) and f[5].startswith("/") and "\0" not in f[5]:
                 return f[5]
     return "/"
 
 
-def build(spec, host_env, image_env, gpu_env, home, tty_term=None):
+def user_rows(spec, host_env):
+    """Rows 5 and 6 of the table (--env-file, then -e), in order, as
+    [(key, value)]: the caller's word on the sandbox's environment, which also
+    counts for the image requirement check (NVIDIA_DISABLE_REQUIRE and
+    NVIDIA_REQUIRE_* given with -e or --env-file)."""
+    rows = []
+    for path in spec.env_files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            raise UsageError(f"cannot read --env-file {path}", e.strerror,
+                             "give a readable file of KEY=VALUE lines") from None
+        rows += parse_env_lines(text, path)
+    for item in spec.env_set:
+        key, eq, val = item.partition("=")
+        if eq:
+            rows.append((key, val))
+        elif key in host_env:
+            rows.append((key, host_env[key]))
+    return rows
+
+
+def build(spec, host_env, image_env, gpu_env, home, tty_term=None, user=None):
     env = {"PATH": DEFAULT_PATH, "HOME": home}
     if tty_term:
         env["TERM"] = tty_term
@@ -67,19 +93,6 @@ def build(spec, host_env, image_env, gpu_env, home, tty_term=None):
     for key, val in image_env:
         env[key] = val
     env.update(gpu_env)
-    for path in spec.env_files:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        except OSError as e:
-            raise UsageError(f"cannot read --env-file {path}", e.strerror,
-                             "give a readable file of KEY=VALUE lines") from None
-        for key, val in parse_env_lines(text, path):
-            env[key] = val
-    for item in spec.env_set:
-        key, eq, val = item.partition("=")
-        if eq:
-            env[key] = val
-        elif key in host_env:
-            env[key] = host_env[key]
+    for key, val in (user_rows(spec, host_env) if user is None else user):
+        env[key] = val
     return env

@@ -52,30 +52,36 @@ def mount_points(plan):
     return points, links
 
 
-def _job_fds(env):
+def _job_fds(host_env):
     """Descriptors a batch system hands the job by number: srun's PMI-2 socket
-    (PMI_FD).  They stay open through to the command, as for any srun task;
-    nothing else the caller left open does."""
-    fds = []
-    val = env.get("PMI_FD")
-    if val and val.isdigit():
-        try:
-            os.fstat(int(val))
-            fds.append(int(val))
-        except OSError:
-            pass
-    return tuple(fds)
+    (PMI_FD).  It stays open through to the command, as for any srun task;
+    nothing else the caller left open does.  Only the caller's own PMI_FD
+    counts, and only when it names a socket: an image's PMI_FD, or a number
+    naming a leaked directory descriptor, would hand the command a handle on
+    the host's tree (/proc/self/fd/N/.., runc's CVE-2024-21626)."""
+    from .imagedata import number
+    fd = number(host_env.get("PMI_FD") or "")
+    if fd is None:
+        return ()
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return ()
+    except OSError:
+        return ()
+    return (fd,)
 
 
-def _job_binds(env):
+def _job_binds(host_env):
     """PMIx clients reach the server through unix sockets in its temporary
-    directories; they appear at the same path inside."""
+    directories; they appear at the same path inside.  Only the caller's
+    variables name them: a value from the image would bind any host
+    directory read-write into the sandbox."""
     from .spec import Bind
     out = []
     for key in ("PMIX_SERVER_TMPDIR", "PMIX_SYSTEM_TMPDIR"):
-        path = env.get(key)
-        if path and path.startswith("/") and os.path.isdir(path) and \
-                not any(b.dst == path for b in out):
+        path = host_env.get(key)
+        if path and path.startswith("/") and "\0" not in path and os.path.isdir(path) and \
+                not any(b.dst == os.path.normpath(path) for b in out):
             out.append(Bind(path, os.path.normpath(path), True, "dir"))
     return out
 
@@ -128,22 +134,53 @@ def _image_root(image):
     return image, config
 
 
+# Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
+_MAX_ENV_ITEMS = 4096
+
+
+def _config_env(config, rootfs):
+    """(env items, cwd) of a bundle's config.json, every field checked as
+    data of the expected type: the file is the image's, not ours."""
+    import json
+
+    def bad(why):
+        return UsageError(f"invalid OCI config.json next to {rootfs}", why,
+                          "fix the bundle's config.json or point at its rootfs/")
+    try:
+        conf = json.loads(config)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise bad("not valid JSON (or nested too deeply)") from None
+    if not isinstance(conf, dict):
+        raise bad("not a JSON object")
+    proc = conf.get("process")
+    proc = {} if proc is None else proc
+    if not isinstance(proc, dict):
+        raise bad("process is not an object")
+    env = proc.get("env")
+    env = [] if env is None else env
+    if not isinstance(env, list):
+        raise bad("process.env is not a list of strings")
+    if len(env) > _MAX_ENV_ITEMS:
+        raise bad(f"process.env has {len(env)} entries (at most {_MAX_ENV_ITEMS})")
+    items = []
+    for item in env:
+        if not isinstance(item, str):
+            raise bad(f"process.env holds a {type(item).__name__}, not a KEY=VALUE string")
+        if "\0" in item:
+            raise bad("process.env holds a NUL character")
+        key, eq, val = item.partition("=")
+        if eq and key:
+            items.append((key, val))
+    cwd = proc.get("cwd")
+    if cwd is not None and (not isinstance(cwd, str) or "\0" in cwd):
+        raise bad("process.cwd is not a path string")
+    return items, cwd if cwd and cwd.startswith("/") else None
+
+
 def _image_env(rootfs, config):
     """(env items, workdir) from the bundle's config.json or /etc/environment."""
     if config is not None:
-        import json
-        try:
-            proc = json.loads(config).get("process") or {}
-            items = []
-            for item in proc.get("env") or []:
-                key, eq, val = str(item).partition("=")
-                if eq and key:
-                    items.append((key, val))
-            cwd = proc.get("cwd")
-            return items, cwd if isinstance(cwd, str) and cwd.startswith("/") else None
-        except (ValueError, AttributeError):
-            raise UsageError(f"invalid OCI config.json next to {rootfs}", "not a JSON object",
-                             "fix the bundle's config.json or point at its rootfs/") from None
+        return _config_env(config, rootfs)
     text = k.read_in_root(rootfs, "/etc/environment", 1 << 20)
     if not text:
         return [], None
@@ -156,7 +193,7 @@ def _image_env(rootfs, config):
         good = []
         for line in text.decode("utf-8", "replace").splitlines():
             key, eq, val = line.strip().partition("=")
-            if eq and key and all(c.isalnum() or c == "_" for c in key):
+            if eq and key and "\0" not in line and all(c.isalnum() or c == "_" for c in key):
                 good.append((key, val.strip("\"'")))
         return good, None
 
@@ -225,8 +262,14 @@ def _check_binds(spec):
             raise UsageError(f"cannot access bind source {b.src}", e.strerror, None) from None
 
 
-def _gpu(plan, spec, rootfs, image_env, host_env):
-    """GPU discovery, selection and injection, only when this launch asks."""
+def _gpu(plan, spec, rootfs, req_env, host_env):
+    """GPU discovery, selection and injection, only when this launch asks.
+
+    Selection, discovery and injection read only the caller's environment
+    (host_env) and options.  req_env (the image's rows overridden by
+    --env-file and -e, as the environment table has them) feeds only the
+    requirement check, which can restrict or skip the image's own check but
+    never chooses a host path."""
     gpus = spec.gpus
     if gpus is None and not host_env.get("NVIDIA_VISIBLE_DEVICES") \
             and not host_env.get("SLURM_JOB_ID"):
@@ -242,12 +285,12 @@ def _gpu(plan, spec, rootfs, image_env, host_env):
     if not select.needs_gpu(gpus, host_env):
         return {}
     from .gpu import discover, inject
-    host = discover.discover(spec.driver_root or "/", spec.dev_root)
+    host = discover.discover(spec.driver_root or "/", spec.dev_root, environ=host_env)
     sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
     if sel is None:
         return {}
     from .gpu import require
-    warn = require.check(dict(image_env), rootfs, host, None, host_env,
+    warn = require.check(req_env, rootfs, host, None, host_env,
                          gpus=sel.node_gpus(), no_require=spec.no_require)
     if warn:
         plan.warnings.append(warn)
@@ -290,18 +333,21 @@ def build(spec, host_env=None):
     _identity(plan, spec)
     _check_binds(spec)
     image_env, image_cwd = _image_env(rootfs, config)
-    gpu_env = _gpu(plan, spec, rootfs, image_env, host_env)
+    user_env = envmod.user_rows(spec, host_env)
+    gpu_env = _gpu(plan, spec, rootfs, dict(image_env + user_env), host_env)
     _devices(plan, spec)
     passwd = k.read_in_root(rootfs, "/etc/passwd", 4 << 20)
     home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
                               plan.cmd_uid)
     term = host_env.get("TERM", "xterm") if spec.tty else None
-    plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term)
+    plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term, user_env)
     plan.argv = spec.argv
     plan.workdir = spec.workdir or image_cwd or "/"
     plan.hostname = spec.hostname or "gpusandbox"
-    plan.keep_fds = _job_fds(plan.env)
-    plan.binds = _job_binds(plan.env) + spec.binds
+    # Host-side choices (kept fds, binds) read the caller's environment only,
+    # never plan.env, which holds the image's rows.
+    plan.keep_fds = _job_fds(host_env)
+    plan.binds = _job_binds(host_env) + spec.binds
     plan.points, plan.links = mount_points(plan)
     if spec.seccomp != "unconfined":
         from .linux import seccomp

@@ -12,6 +12,7 @@ it, and it loads only host files named by absolute path.
 import sys
 
 from gpusandbox.errors import GpuError
+from gpusandbox.imagedata import isdigits
 
 _CUDA_CODE = r"""
 import ctypes, sys
@@ -70,19 +71,114 @@ def _helper(code, args, timeout=20):
 
 def driver_cuda_version(host):
     """(major, minor) of the highest CUDA version the host driver supports,
-    or None when libcuda is absent or does not answer."""
+    or None when libcuda is absent or does not answer.
+
+    The answer depends only on the libcuda file, so it is kept in the user's
+    cache keyed by the driver version, the library's path and its identity
+    (device, inode, mtime, size): a launch of a CUDA image then starts no
+    helper unless the driver changed."""
     path = _lib(host, "libcuda")
     if path is None:
         return None
+    key = _cache_key(host, path)
+    hit = _cache_get(key)
+    if hit is not None:
+        return hit
     try:
         res = _helper(_CUDA_CODE, [path])
     except (OSError, ValueError):
         return None
     fields = res.stdout.split()
-    if res.returncode != 0 or len(fields) != 2 or fields[0] != "0" or not fields[1].isdigit():
+    if res.returncode != 0 or len(fields) != 2 or fields[0] != "0" or not isdigits(fields[1]) \
+            or len(fields[1]) > 9:
         return None
     v = int(fields[1])
-    return (v // 1000, (v % 1000) // 10)
+    got = (v // 1000, (v % 1000) // 10)
+    _cache_put(key, got)
+    return got
+
+
+# --- the per-user cache of driver_cuda_version --------------------------------------
+# One small file per key under <XDG_CACHE_HOME or ~/.cache>/gpusandbox/ceiling,
+# in a directory only the user can write (the seccomp cache's rules).  Its
+# content is read as untrusted data: our own regular file, small, ASCII,
+# exactly "<key>\n<major>.<minor>\n" with the current key; anything else means
+# "ask the helper".
+
+def _cache_key(host, path):
+    import os
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (f"v1 {getattr(host, 'version', None)} {path} {st.st_dev} {st.st_ino} "
+           f"{st.st_mtime_ns} {st.st_size}")
+    return key if key.isprintable() and key.isascii() and len(key) < 2048 else None
+
+
+def _cache_file(key, create=False):
+    import os
+    import zlib
+    from gpusandbox.linux import seccomp
+    d = os.path.join(os.path.dirname(seccomp.cache_dir()), "ceiling")
+    if create and not seccomp._private_dir(d):
+        return None
+    return os.path.join(d, f"cuda-{zlib.crc32(key.encode()):08x}")
+
+
+def _cache_get(key):
+    import os
+    import stat
+    if key is None:
+        return None
+    try:
+        fd = os.open(_cache_file(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()
+                or st.st_mode & 0o022 or st.st_size > 4096):
+            return None
+        data = os.read(fd, 4097)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        lines = data.decode("ascii").split("\n")
+    except UnicodeDecodeError:
+        return None
+    if len(lines) != 3 or lines[0] != key or lines[2] != "":
+        return None
+    major, dot, minor = lines[1].partition(".")
+    if not (dot and isdigits(major) and isdigits(minor) and len(major) <= 3 and len(minor) <= 3):
+        return None
+    return int(major), int(minor)
+
+
+def _cache_put(key, value):
+    """Write atomically (a temporary file renamed over the entry); a failure
+    only costs the next launch a helper."""
+    import os
+    entry = _cache_file(key, create=True) if key is not None else None
+    if entry is None:
+        return
+    tmp = f"{entry}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        try:
+            os.write(fd, f"{key}\n{value[0]}.{value[1]}\n".encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, entry)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def mig_uuids(host):
@@ -105,6 +201,6 @@ def mig_uuids(host):
     out = {}
     for line in res.stdout.splitlines():
         f = line.split()
-        if len(f) == 4 and f[0] in by_uuid and f[1].isdigit() and f[2].isdigit():
+        if len(f) == 4 and f[0] in by_uuid and isdigits(f[1]) and isdigits(f[2]):
             out[(by_uuid[f[0]].minor, int(f[1]), int(f[2]))] = f[3]
     return out

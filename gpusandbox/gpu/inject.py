@@ -154,7 +154,7 @@ def _params(host):
 def _image_cache(image_root):
     """The image's cache entries, or [] when it has none or it is malformed
     (ld.so ignores a malformed cache too)."""
-    data = read_in_root(image_root, "/etc/ld.so.cache", limit=64 << 20)
+    data = read_in_root(image_root, "/etc/ld.so.cache", limit=ldcache.MAX_FILE)
     if not data:
         return []
     try:

@@ -59,6 +59,18 @@ _OLD_HDR = 16
 _OLD_ENTRY = 12
 
 
+# Bounds for a cache that may be an image's (hostile) file: ld.so.cache files
+# of real systems hold a few thousand entries with paths well under PATH_MAX.
+# Strings are cut at PATH_MAX, copied once per offset, and all the string bytes
+# one parse copies are capped, so a file whose entries all name one long
+# string costs what its size says, not entries x length.
+MAX_FILE = 16 << 20
+MAX_ENTRIES = 1 << 17
+MAX_STRING = 4096
+MAX_STRING_BYTES = 32 << 20
+MAX_HWCAPS = 64
+
+
 class CacheError(ValueError):
     """A cache file that is not in the expected format (message says where)."""
 
@@ -96,14 +108,35 @@ def _locate(data):
 
 
 def _cstr(data, off, base, end):
-    """NUL-terminated string at base+off, refusing anything outside [base, end)."""
+    """NUL-terminated string at base+off, refusing anything outside [base, end)
+    or longer than MAX_STRING."""
     start = base + off
     if off >= end - base:
         raise CacheError(f"string offset {off} outside the string table")
-    stop = data.find(b"\0", start, end)
+    stop = data.find(b"\0", start, min(end, start + MAX_STRING + 1))
     if stop < 0:
-        raise CacheError(f"unterminated string at offset {off}")
+        raise CacheError(f"unterminated or over-long string at offset {off}")
     return data[start:stop]
+
+
+class _Strings:
+    """_cstr with one copy per offset and a cap on the bytes copied in all."""
+    __slots__ = ("data", "base", "end", "memo", "left")
+
+    def __init__(self, data, base, end):
+        self.data, self.base, self.end = data, base, end
+        self.memo = {}
+        self.left = MAX_STRING_BYTES
+
+    def get(self, off):
+        s = self.memo.get(off)
+        if s is None:
+            s = _cstr(self.data, off, self.base, self.end)
+            self.left -= len(s) + 1
+            if self.left < 0:
+                raise CacheError("string table too large")
+            self.memo[off] = s
+        return s
 
 
 def iter_raw(data):
@@ -121,44 +154,48 @@ def iter_raw(data):
     table = base + _HDR.size
     if nlibs > (len(data) - table) // _ENTRY.size:
         raise CacheError(f"entry count {nlibs} exceeds the file size")
+    if nlibs > MAX_ENTRIES:
+        raise CacheError(f"entry count {nlibs} above {MAX_ENTRIES}")
     rows = list(_ENTRY.iter_unpack(data[table:table + nlibs * _ENTRY.size]))
     return base, len(data), rows
 
 
-def _hwcaps_names(data, base):
+def _hwcaps_names(data, base, strings):
     """The glibc-hwcaps subdirectory names of the extension section (list of
     bytes), or [] when the file has none."""
     (ext_off,) = struct.unpack_from(_BO + "I", data, base + 32)
     if ext_off == 0 or ext_off % 4 or ext_off + 8 > len(data):
         return []
     magic, count = struct.unpack_from(_BO + "II", data, ext_off)
-    if magic != EXT_MAGIC or count > (len(data) - ext_off - 8) // 16:
+    if magic != EXT_MAGIC or count > min((len(data) - ext_off - 8) // 16, MAX_HWCAPS):
         return []
     for i in range(count):
         tag, _fl, off, size = struct.unpack_from(_BO + "IIII", data, ext_off + 8 + 16 * i)
         if tag != EXT_TAG_HWCAPS or off % 4 or size % 4 or off + size > len(data):
             continue
+        if size // 4 > MAX_HWCAPS:
+            raise CacheError(f"{size // 4} glibc-hwcaps names (at most {MAX_HWCAPS})")
         offs = struct.unpack_from(_BO + f"{size // 4}I", data, off)
-        return [_cstr(data, o, base, len(data)) for o in offs]
+        return [strings.get(o) for o in offs]
     return []
 
 
 def parse(data):
     """All entries of a cache file (bytes) as Entry objects, in file order."""
     base, end, rows = iter_raw(data)
+    strings = _Strings(data, base, end)
     names = None
     out = []
     for flags, key, value, osv, hwcap in rows:
         hw = None
         if hwcap and ((hwcap >> 32) & ~_ISA_LEVEL_MASK) == (HWCAP_EXTENSION >> 32):
             if names is None:
-                names = _hwcaps_names(data, base)
+                names = _hwcaps_names(data, base, strings)
             idx = hwcap & 0xFFFFFFFF
             if idx >= len(names):
                 continue  # ld.so ignores such an entry too
             hw = names[idx]
-        out.append(Entry(_cstr(data, key, base, end), _cstr(data, value, base, end),
-                         flags, osv, hwcap, hw))
+        out.append(Entry(strings.get(key), strings.get(value), flags, osv, hwcap, hw))
     return out
 
 

@@ -20,6 +20,7 @@ loaded only when a toolkit version.json has to be read.
 import os
 
 from gpusandbox.errors import GpuError
+from gpusandbox.imagedata import isdigits, number, short
 from gpusandbox.linux import sys as lsys
 
 # Two-character operators first so that "<=" is not read as "<".
@@ -73,15 +74,26 @@ ANY = "*"
 
 _TRUE = ("1", "t", "true", "y", "yes", "on")
 
+# Bounds on the image scan for the CUDA runtime it carries: names read per
+# directory and in all, toolkit directories (/usr/local/cuda-*) looked into,
+# and the size of a version file.  A real image has one to three toolkits and
+# a few thousand library names; an image built to stall the launcher
+# (thousands of cuda-N links to one directory of thousands of libcudart
+# names) must cost no more than a real one.
+_MAX_NAMES_PER_DIR = 16384
+_MAX_NAMES = 65536
+_MAX_TOOLKITS = 16
+_VERSION_FILE_LIMIT = 256 << 10
+
 
 # --- the grammar ------------------------------------------------------------
 
 def _version(text, what):
     parts = text.split(".")
-    if not text or not all(p.isdigit() for p in parts):
-        raise GpuError(f"invalid version {text!r} in {what}",
+    nums = [number(p) for p in parts]
+    if not text or len(parts) > 8 or None in nums:
+        raise GpuError(f"invalid version {short(text)} in {short(what, 120)}",
                        hint="versions are dotted numbers such as 12.4 or 550.54.15")
-    nums = [int(p) for p in parts]
     while len(nums) > 1 and nums[-1] == 0:  # 12.4 == 12.4.0
         nums.pop()
     return tuple(nums)
@@ -112,21 +124,21 @@ def _parse_atom(atom, expr, source):
     while j < len(atom) and atom[j] in _OP_CHARS:
         j += 1
     key, op, value = atom[:i].strip().lower(), atom[i:j], atom[j:].strip()
-    where = f"{source}={expr}"
+    where = f"{source}={expr}" if len(expr) <= 200 else f"{source}"
     hint = ("a constraint is KEY OP VALUE with KEY cuda, driver, arch or brand "
             "and OP one of = != < <= > >=; space separates alternatives, "
             "comma joins conditions")
     if not key or op not in _OPS or not value:
-        raise GpuError(f"invalid requirement {atom!r} in {where}", hint=hint)
+        raise GpuError(f"invalid requirement {short(atom)} in {where}", hint=hint)
     if key in _VERSION_KEYS:
         _version(value, where)
     elif key in _NAME_KEYS:
         if op not in ("=", "!="):
-            raise GpuError(f"invalid requirement {atom!r} in {where}",
+            raise GpuError(f"invalid requirement {short(atom)} in {where}",
                            why="brand compares names with = or != only", hint=hint)
     else:
-        raise GpuError(f"invalid requirement {atom!r} in {where}",
-                       why=f"unknown key {key!r}", hint=hint)
+        raise GpuError(f"invalid requirement {short(atom)} in {where}",
+                       why=f"unknown key {short(key)}", hint=hint)
     return key, op, value
 
 
@@ -178,8 +190,10 @@ def disabled(env):
 def requirements(image_env, image_root):
     """The image's constraints as [(source, expression)].
 
-    source names where the constraint came from (a variable, or the file that
-    shows the CUDA release the image carries) for the error message."""
+    image_env: the sandbox's variables as the image, --env-file and -e set
+    them (later rows winning).  source names where the constraint came from
+    (a variable, or the file that shows the CUDA release the image carries)
+    for the error message."""
     reqs = [(k, v) for k, v in sorted(image_env.items())
             if k.startswith("NVIDIA_REQUIRE_") and v.strip()]
     if "NVIDIA_REQUIRE_CUDA" in image_env:
@@ -187,11 +201,12 @@ def requirements(image_env, image_root):
     legacy = image_env.get("CUDA_VERSION", "").strip()
     if legacy:
         parts = legacy.split(".")
-        if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
-            raise GpuError(f"invalid CUDA_VERSION={legacy!r} in the image",
+        major, minor = (number(parts[0]), number(parts[1])) if len(parts) >= 2 else (None, None)
+        if major is None or minor is None:
+            raise GpuError(f"invalid CUDA_VERSION={short(legacy)} in the image",
                            hint="set CUDA_VERSION=MAJOR.MINOR[.PATCH] in the image, "
                                 "or NVIDIA_DISABLE_REQUIRE=true to skip the check")
-        reqs.append((f"CUDA_VERSION={legacy}", f"cuda>={int(parts[0])}.{int(parts[1])}"))
+        reqs.append((f"CUDA_VERSION={short(legacy)[1:-1]}", f"cuda>={major}.{minor}"))
         return reqs
     if image_root:
         carried = image_cuda_version(image_root)
@@ -202,8 +217,20 @@ def requirements(image_env, image_root):
     return reqs
 
 
-def _listdir_in_root(root, path):
-    """Names in a directory of the image, resolved inside the image root."""
+class _Scan:
+    """What one look at the image may still read: names in all, and the
+    directories already seen (by device and inode, so that a thousand links
+    to one directory are read once)."""
+    __slots__ = ("names_left", "seen")
+
+    def __init__(self):
+        self.names_left = _MAX_NAMES
+        self.seen = set()
+
+
+def _listdir_in_root(root, path, scan=None):
+    """Names in a directory of the image, resolved inside the image root;
+    at most _MAX_NAMES_PER_DIR of them, none of a directory `scan` has seen."""
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fd = lsys.openat2(rootfd, path.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY)
@@ -212,11 +239,26 @@ def _listdir_in_root(root, path):
     finally:
         os.close(rootfd)
     try:
-        return os.listdir(fd)
+        return _names(fd, scan or _Scan())
     except OSError:
         return []
     finally:
         os.close(fd)
+
+
+def _names(fd, scan):
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) in scan.seen:
+        return []
+    scan.seen.add((st.st_dev, st.st_ino))
+    out = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            if len(out) >= _MAX_NAMES_PER_DIR or scan.names_left <= 0:
+                break
+            scan.names_left -= 1
+            out.append(entry.name)
+    return out
 
 
 def _cudart_version(name):
@@ -224,18 +266,20 @@ def _cudart_version(name):
     if not name.startswith("libcudart.so."):
         return None
     parts = name[len("libcudart.so."):].split(".")
-    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-        return int(parts[0]), int(parts[1])
+    if len(parts) >= 2:
+        major, minor = number(parts[0]), number(parts[1])
+        if major is not None and minor is not None:
+            return major, minor
     return None
 
 
 def _toolkit_file_version(root, cuda_dir):
-    data = lsys.read_in_root(root, cuda_dir + "/version.json", limit=1 << 20)
+    data = lsys.read_in_root(root, cuda_dir + "/version.json", limit=_VERSION_FILE_LIMIT)
     if data is not None:
         import json
         try:
             text = json.loads(data)["cuda"]["version"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError):
             text = ""
         where = cuda_dir + "/version.json"
     else:
@@ -245,10 +289,20 @@ def _toolkit_file_version(root, cuda_dir):
         # "CUDA Version 10.2.89"
         text = data.decode("utf-8", "replace").strip().split(" ")[-1]
         where = cuda_dir + "/version.txt"
+    if not isinstance(text, str):
+        return None
     parts = text.split(".")
-    if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-        return (int(parts[0]), int(parts[1])), where
+    if len(parts) >= 2:
+        major, minor = number(parts[0]), number(parts[1])
+        if major is not None and minor is not None:
+            return (major, minor), where
     return None
+
+
+def _toolkit_key(name):
+    """Sort key for cuda-X.Y directory names: numeric where they are numbers."""
+    return [(0, n, "") if (n := number(p)) is not None else (1, 0, p)
+            for p in name[len("cuda-"):].split(".")]
 
 
 def image_cuda_version(image_root):
@@ -257,26 +311,32 @@ def image_cuda_version(image_root):
     Looks where the image's loader and CUDA's own layout put libcudart first,
     then at the toolkit's version file; with several toolkits under
     /usr/local/cuda-X.Y and no default, the lowest is taken: the image can
-    run on it, and refusing a launch needs evidence."""
+    run on it, and refusing a launch needs evidence.  The look is bounded
+    (_Scan): an image with more toolkit directories than _MAX_TOOLKITS gives
+    no evidence from them rather than an unbounded scan."""
+    scan = _Scan()
     machine = os.uname().machine
     target = {"x86_64": "x86_64-linux", "aarch64": "sbsa-linux"}.get(machine, machine)
     libdirs = [f"/usr/lib/{machine}-linux-gnu", f"/lib/{machine}-linux-gnu",
                "/usr/lib64", "/lib64", "/usr/lib",
                "/usr/local/cuda/lib64", f"/usr/local/cuda/targets/{target}/lib"]
     for d in libdirs:
-        found = sorted(v for v in map(_cudart_version, _listdir_in_root(image_root, d)) if v)
+        found = sorted(v for v in map(_cudart_version, _listdir_in_root(image_root, d, scan))
+                       if v)
         if found:
             v = found[0]
             return v, f"{d}/libcudart.so.{v[0]}.{v[1]}"
     hit = _toolkit_file_version(image_root, "/usr/local/cuda")
     if hit:
         return hit
+    toolkits = [n for n in _listdir_in_root(image_root, "/usr/local", scan)
+                if n.startswith("cuda-")]
+    if len(toolkits) > _MAX_TOOLKITS:
+        return None
     found = []
-    for name in _listdir_in_root(image_root, "/usr/local"):
-        if not name.startswith("cuda-"):
-            continue
+    for name in sorted(toolkits, key=_toolkit_key):
         for d in (f"/usr/local/{name}/lib64", f"/usr/local/{name}/targets/{target}/lib"):
-            for v in map(_cudart_version, _listdir_in_root(image_root, d)):
+            for v in map(_cudart_version, _listdir_in_root(image_root, d, scan)):
                 if v:
                     found.append((v, f"{d}/libcudart.so.{v[0]}.{v[1]}"))
         hit = _toolkit_file_version(image_root, f"/usr/local/{name}")
@@ -382,6 +442,9 @@ def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
     a callable returning it or None (unknown); None asks the host's libcuda
     through gpusandbox.gpu.ceiling.  Either way it is computed only when a
     constraint mentions cuda, so images without one never pay for the helper.
+    image_env: the sandbox's variables from the image, --env-file and -e (the
+    environment table's rows 3, 5 and 6; the GPU rows are ours and the host
+    rows the caller's): NVIDIA_REQUIRE_*, CUDA_VERSION, NVIDIA_DISABLE_REQUIRE.
     environ: the caller's environment (NVIDIA_DISABLE_REQUIRE), default os.environ.
     gpus: the selected GPUs (Selection.node_gpus()); default all of host.gpus.
     Returns None, or a one-line "warning: ..." for the launcher to print
@@ -396,8 +459,8 @@ def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
         raise TypeError(f"ceiling must be (major, minor), a callable or None, not {type(ceiling).__name__}")
     if no_require or disabled(image_env) or disabled(environ):
         why = ("--no-require" if no_require else
-               "NVIDIA_DISABLE_REQUIRE is set in the image" if disabled(image_env)
-               else "NVIDIA_DISABLE_REQUIRE is set")
+               "NVIDIA_DISABLE_REQUIRE is set in the sandbox's environment"
+               if disabled(image_env) else "NVIDIA_DISABLE_REQUIRE is set")
         return (f"warning: image requirement check skipped ({why}); a CUDA release "
                 "newer than the host driver fails at run time with 'CUDA driver "
                 "version is insufficient for CUDA runtime version'")

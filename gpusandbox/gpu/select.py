@@ -12,6 +12,7 @@ the legacy "MIG-GPU-<uuid>/<gi>/<ci>".
 """
 from gpusandbox.errors import GpuError, UsageError
 from gpusandbox.gpu.discover import CAPABILITIES
+from gpusandbox.imagedata import isdigits
 
 DEFAULT_CAPS = ("compute", "utility")   # "utility,compute" in canonical order
 _VOID = ("", "void")
@@ -159,7 +160,7 @@ def _bus(s):
 def _match(item, host):
     """Devices an item names (list), or None when it names nothing here."""
     low = item.lower()
-    if item.isdigit():
+    if isdigits(item) and len(item) < 10:
         i = int(item)
         return [host.gpus[i]] if i < len(host.gpus) else None
     if low.startswith("gpu-"):
@@ -170,7 +171,7 @@ def _match(item, host):
         return [m for m in host.migs if m.gpu.uuid and m.gpu.uuid.lower() == uuid
                 and str(m.gi) == gi and str(m.ci) == ci] or None
     parts = low.split(":")
-    if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+    if 2 <= len(parts) <= 3 and all(isdigits(p) and len(p) < 10 for p in parts):
         g, gi = int(parts[0]), int(parts[1])
         ci = int(parts[2]) if len(parts) == 3 else None
         return [m for m in host.migs if m.gpu.index == g and m.gi == gi

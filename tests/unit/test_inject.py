@@ -218,8 +218,10 @@ def test_uvm_missing_fails_compute_only(image):
             edits_for(h, image, "0", caps="utility")
 
 
-def test_cuda_ceiling_from_the_host_libcuda(host, monkeypatch):
+def test_cuda_ceiling_from_the_host_libcuda(host, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache1"))
     assert ceiling.driver_cuda_version(host) == (12, 4)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache2"))   # a cold cache: the helper runs
     seen = {}
     import subprocess as sp
     real = sp.run
