@@ -6,7 +6,8 @@ libvdpau plugin directory (<libdir>/vdpau/), which no ld.so.conf names, and a
 driver root may carry no cache at all or a stale one (a driver container's
 tree, a root unpacked without running ldconfig).  The reference stack looks
 these up by path in the directory that holds the driver's libcuda/libnvidia-ml
-and in the distribution's standard library directories; so does find().
+(or, when the cache lists none, in the distribution's standard library
+directories) and its vdpau/ subdirectory; so does find().
 
 Every file, from the cache or from a directory listing, passes the same
 checks: its path is resolved inside the driver root (openat2
@@ -117,20 +118,21 @@ def _elf_flags(path):
     return _ELF_FLAGS.get((machine, head[4]))
 
 
-def _dirs(host, resolve, found):
-    """Library directories to search, relative to the driver root: where the
-    cache put the driver's libraries first, then the standard ones."""
+def _dirs(host, found):
+    """Library directories to search, relative to the driver root: those the
+    cache's driver libraries live in or, when the cache names none (no
+    cache, a stale one), the distribution's standard ones.  Listing every
+    standard directory on each launch would cost more than the lookup saves."""
     root = host.driver_root.rstrip("/")
     out = []
     for lib in found:
         rel = os.path.dirname(lib.host_path)[len(root):].strip("/")
         if rel and rel not in out:
             out.append(rel)
+    if out:
+        return out
     std64, std32 = _STD_DIRS.get(os.uname().machine, _STD_DIRS["x86_64"])
-    for rel in std64 + std32:
-        if rel not in out:
-            out.append(rel)
-    return out
+    return list(std64 + std32)
 
 
 def _by_path(host, resolve, families, found):
@@ -138,7 +140,7 @@ def _by_path(host, resolve, families, found):
     seen = {lib.host_path for lib in found}
     root = host.driver_root.rstrip("/")
     out = []
-    for d in _dirs(host, resolve, found):
+    for d in _dirs(host, found):
         for sub in ("",) + tuple(sorted(set(SUBDIRS.values()))):
             rel_dir = f"{d}/{sub}" if sub else d
             real_dir = resolve(rel_dir, stat.S_ISDIR)
