@@ -140,8 +140,10 @@ def _node(node, why, hint):
 
 
 def plan(host, sel):
-    """Host-side injection plan for `sel` (raises GpuError on a missing or
-    mismatched device node, or on a missing required library)."""
+    """Host-side injection plan for `sel`: what the host has of it, with
+    inj.missing naming what it lacks (raises GpuError on a missing or
+    mismatched required device node, or when the launch cannot work: see
+    PIECES)."""
     caps = effective_caps(sel.caps)
     inj = Injection()
     inj.caps = caps
