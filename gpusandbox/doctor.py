@@ -352,6 +352,7 @@ def check_driver(opts):
                      f"{len(host.libs)} libraries of {host.version}" +
                      ("" if cuda else ", but no libcuda: CUDA cannot start"),
                      "" if cuda else "install the driver's CUDA library (libcuda)"))
+    out += check_pieces(host)
     if "persistenced" in host.ipc:
         out.append(Check("driver", "persistenced", PASS, host.ipc["persistenced"][1]))
     else:
@@ -377,6 +378,46 @@ def check_driver(opts):
         out.append(Check("driver", "CUDA ceiling", FAIL, "libcuda did not answer cuDriverGetVersion",
                          "check that libcuda matches the loaded module (reinstall the driver)"))
     return out, host, c
+
+
+# What a capability loses without each piece of gpusandbox.gpu.inject.PIECES.
+_EFFECT = {
+    "libnvidia-ptxjitcompiler": "CUDA cannot JIT-compile PTX (programs built without code for "
+                                "this GPU fail)",
+    "libnvidia-ml": "NVML and nvidia-smi do not work in sandboxes",
+    "nvidia-smi": "no nvidia-smi in sandboxes",
+    "libnvcuvid": "no hardware video decoding (NVDEC)",
+    "libnvidia-encode": "no hardware video encoding (NVENC)",
+    "libvdpau_nvidia": "no VDPAU video decoding",
+    "libGLX_nvidia": "no OpenGL through GLX",
+    "libEGL_nvidia": "no EGL (headless OpenGL)",
+    "libnvidia-glcore": "OpenGL cannot start",
+    "libnvidia-eglcore": "EGL and OpenGL ES cannot start",
+    "/dev/nvidia-modeset": "no modesetting node for display",
+    "libnvidia-ngx": "no NGX (DLSS)",
+}
+
+
+def check_pieces(host):
+    """Every piece of every capability the driver root lacks, each with its
+    fix; libcuda and nvidia-uvm have their own checks above."""
+    from gpusandbox.gpu import inject
+    missing = [m for m in inject.missing_pieces(host, set(inject.PIECES))
+               if m.piece != "libcuda"]
+    if not missing:
+        return [Check("driver", "capabilities", PASS, "every piece of "
+                      + ", ".join(inject.PIECES) + " is present")]
+    return [Check("driver", f"{m.piece} ({m.cap})", WARN,
+                  f"not found: {_EFFECT.get(m.piece, 'part of ' + m.cap + ' is missing')}; "
+                  f"launches with '{m.cap}' go on without it, with a warning", m.fix)
+            for m in missing]
+
+
+def gpu_listing(gpus):
+    """GPUs as `nvidia-smi -L` names them (host index, model, UUID), each with
+    its PCI bus id."""
+    return "; ".join(f"GPU {g.index}: {g.model} (UUID: {g.uuid or 'hidden from this user'}), "
+                     f"bus {g.bus_id}" for g in gpus)
 
 
 def _lib_mismatch(opts, version, err):
@@ -538,8 +579,8 @@ def check_verify(opts, host, sel, facts):
         out.append(Check("verify", "host GPU listing", FAIL, "no GPU selection without a working "
                          "driver", "fix the driver checks above"))
         return out
-    listing = ", ".join(f"{g.index}: {g.model}" for g in sel.node_gpus()) or "none"
-    out.append(Check("verify", "host GPU listing", PASS, f"--gpus {opts.gpus} selects {listing}"))
+    listing = gpu_listing(sel.node_gpus()) or "no GPU"
+    out.append(Check("verify", "host GPU listing", PASS, f"--gpus {opts.gpus}: {listing}"))
     if facts is None:
         out.append(Check("verify", "sandbox", WARN, "no usable image given: the sandbox steps "
                          "were skipped", "run 'gpusandbox doctor IMAGE_DIR'"))

@@ -295,6 +295,9 @@ def _gpu(plan, spec, rootfs, req_env, host_env):
     if warn:
         plan.warnings.append(warn)
     edits = inject.build_edits(host, sel, rootfs, host_env)
+    missing = inject.warning(inject.plan(host, sel))
+    if missing:
+        plan.warnings.append(missing)
     plan.edits.extend(edits)
     plan.device_rules = inject.device_rules(host, sel)
     return edits.env

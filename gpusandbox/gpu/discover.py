@@ -17,7 +17,8 @@ GpuHost fields (read by select, inject, report, sim tests, slurm, doctor):
     migs            list[MigDevice]: existing MIG compute instances, by (gpu index, gi, ci)
     control         dict: "nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools",
                     "mig-config", "mig-monitor" -> DevNode (absent when the driver lacks it)
-    libs            list[Library]: driver libraries whose real file ends in ".so.<version>"
+    libs            list[Library] (gpu/libs.py): driver libraries whose real file ends in
+                    ".so.<version>", from ld.so.cache and by path in the library directories
     bins            dict: binary name -> host path
     firmware        list[str]: host paths of <root>/lib/firmware/nvidia/<version>/gsp*.bin
     configs         list[(capability, container path, host path)]: ICD/vendor JSON files
@@ -29,16 +30,16 @@ Gpu: index, minor, model, uuid (None when the driver hides it), bus_id ("0000:06
 MigDevice: gpu (Gpu), gi, ci, gi_access / ci_access (host paths of the capability files),
     gi_node / ci_node (DevNode of /dev/nvidia-caps/nvidia-cap<N>), uuid (None until resolved)
 DevNode: path (in the sandbox, "/dev/nvidia0"), host_path, major, minor, problem (None if
-    the host node exists with exactly these numbers, else what is wrong)
-Library: family ("libcuda"), name ("libcuda.so.550.54.15"), host_path (real file), flags
-    (ld.so.cache ABI flags of the host entry), bits (64, or 32 for the compat32 ABI)
+    the host node exists with exactly these numbers, else what is wrong), missing (True
+    when the host node does not exist at all)
 """
 import errno
 import os
 import stat
 
 from gpusandbox.errors import GpuError
-from gpusandbox.gpu import ldcache
+from gpusandbox.gpu import libs as _libs_mod
+from gpusandbox.gpu.libs import Library  # noqa: F401 - re-exported (GpuHost.libs items)
 from gpusandbox.linux import sys as lsys
 
 # Driver libraries per capability (GPU-FACTS.md); "video" and "display" also
@@ -77,11 +78,12 @@ CTL_MINOR, MODESET_MINOR = 255, 254
 
 
 class DevNode:
-    __slots__ = ("path", "host_path", "major", "minor", "problem")
+    __slots__ = ("path", "host_path", "major", "minor", "problem", "missing")
 
     def __init__(self, path, host_path, major, minor, problem=None):
         self.path, self.host_path = path, host_path
         self.major, self.minor, self.problem = major, minor, problem
+        self.missing = False
 
     def __repr__(self):
         return f"DevNode({self.path} {self.major}:{self.minor}{' ' + self.problem if self.problem else ''})"
@@ -108,17 +110,6 @@ class MigDevice:
 
     def __repr__(self):
         return f"MigDevice({self.gpu.index}:{self.gi}:{self.ci})"
-
-
-class Library:
-    __slots__ = ("family", "name", "host_path", "flags", "bits", "soname")
-
-    def __init__(self, family, name, host_path, flags, bits, soname=None):
-        self.family, self.name, self.host_path = family, name, host_path
-        self.flags, self.bits, self.soname = flags, bits, soname
-
-    def __repr__(self):
-        return f"Library({self.host_path} {self.bits}-bit)"
 
 
 class GpuHost:
@@ -194,6 +185,7 @@ def _check_node(dev_root, name, major, minor, problems):
         st = os.stat(host_path)
     except OSError as e:
         node.problem = f"{host_path}: {os.strerror(e.errno)}"
+        node.missing = e.errno == errno.ENOENT
     else:
         if not stat.S_ISCHR(st.st_mode):
             node.problem = f"{host_path} is not a character device"
@@ -343,53 +335,6 @@ def _check_mig_minors(host, migs):
                                      f"its access file says {node.minor}")
 
 
-def _libs(host, resolve):
-    cpath = host.path("/etc/ld.so.cache")
-    try:
-        data = lsys.read_file(cpath)
-    except OSError as e:
-        raise GpuError("driver libraries", f"cannot read {cpath}: {os.strerror(e.errno)}",
-                       hint="run ldconfig in the driver root") from None
-    try:
-        base, end, rows = ldcache.iter_raw(data)
-    except ldcache.CacheError as e:
-        raise GpuError("driver libraries", f"{cpath}: {e}",
-                       hint="run ldconfig in the driver root to rebuild it") from None
-    suffix = ".so." + host.version
-    seen, libs = {}, []
-    abi_bits = ldcache.abi_bits
-    for flags, key, value, _osv, hwcap in rows:
-        bits = abi_bits(flags)
-        if hwcap or bits is None:
-            continue
-        stop = data.find(b"\0", base + key, end)
-        name = data[base + key:stop]
-        dot = name.find(b".so")
-        if dot < 0 or name[:dot] not in _FAMILIES:
-            continue
-        path = ldcache._cstr(data, value, base, end)
-        real = resolve(os.fsdecode(path))
-        if real is None or not real.endswith(suffix):
-            continue
-        # ldconfig keys a library by its SONAME link, and also by a
-        # development link (libcuda.so) when one exists: the key that is not
-        # a bare "<name>.so" is the SONAME, so no ELF file has to be read.
-        soname = os.fsdecode(name) if not name.endswith(b".so") else None
-        if real in seen:
-            if soname and not seen[real].soname:
-                seen[real].soname = soname
-            continue
-        fname = real.rsplit("/", 1)[1]
-        lib = seen[real] = Library(fname[:fname.index(".so")], fname, real, flags, bits, soname)
-        libs.append(lib)
-    if not libs:
-        raise GpuError("driver libraries",
-                       f"{cpath} lists no library ending in {suffix}",
-                       hint="the user-space driver does not match the loaded kernel module "
-                            f"{host.version}: reinstall the driver or reboot into it")
-    return libs
-
-
 def _files(host, resolve, environ):
     host.bins = {}
     for name in sorted({b for bins in CAP_BINS.values() for b in bins}):
@@ -454,7 +399,7 @@ def discover(driver_root="/", dev_root=None, environ=None):
     host.migs = _migs(host)
     resolve = _Resolver(root)
     try:
-        host.libs = _libs(host, resolve)
+        host.libs = _libs_mod.find(host, resolve, _FAMILIES)
         _files(host, resolve, os.environ if environ is None else environ)
     finally:
         resolve.close()

@@ -20,9 +20,26 @@ RO_PROC = ("ro", "nosuid", "nodev", "noexec")
 # MPS clients and the control daemon talk through pipes in this directory,
 # so it is shared writable (never executable).
 RW_IPC = ("rw", "nosuid", "nodev", "noexec")
-# Without a library a capability is useless, so its absence is an error;
-# the other libraries of a capability vary between driver branches.
-_REQUIRED = {"compute": "libcuda", "utility": "libnvidia-ml"}
+# The pieces each capability is for, and what a launch does without them
+# (README "GPUs" and docs/doctor.md carry the same table):
+#   "fatal": the capability can do nothing at all without it: the launch fails;
+#   "key":   the capability can do nothing without all of its key pieces; the
+#            launch fails only when every capability it asked for is in that state;
+#   "warn":  part of the capability works without it.
+# Everything missing that does not fail the launch is named in one warning
+# line and the rest is injected, as the reference stack does.  compat32 has no
+# entry: 32-bit copies are injected when the host has them, and most hosts don't.
+# The other libraries of a capability (CAP_LIBS) vary between driver branches
+# and are injected when present, silently.
+PIECES = {
+    "compute": (("libcuda", "fatal"), ("libnvidia-ptxjitcompiler", "warn")),
+    "utility": (("libnvidia-ml", "key"), ("nvidia-smi", "warn")),
+    "video": (("libnvcuvid", "key"), ("libnvidia-encode", "key"), ("libvdpau_nvidia", "key")),
+    "graphics": (("libGLX_nvidia", "key"), ("libEGL_nvidia", "key"),
+                 ("libnvidia-glcore", "warn"), ("libnvidia-eglcore", "warn")),
+    "display": (("/dev/nvidia-modeset", "key"),),
+    "ngx": (("libnvidia-ngx", "key"),),
+}
 # SONAME major per family when the ELF cannot be read (driver 470-560 values).
 _SONAME_MAJOR = {"libGLX_nvidia": "0", "libEGL_nvidia": "0", "libGLESv2_nvidia": "2",
                  "libnvidia-nvvm": "4", "libnvidia-nscq": "2"}
@@ -33,8 +50,79 @@ _LIBDIRS = {"x86_64": ("x86_64-linux-gnu", "/usr/lib64"),
 class Injection:
     """What a launch takes from the host, grouped.  nodes: DevNode list;
     libs: Library list; bins: [(name, host path)]; firmware: [host path];
-    configs/ipc/proc: [(container path, host path, mount options)]."""
-    __slots__ = ("caps", "nodes", "libs", "bins", "firmware", "configs", "ipc", "proc")
+    configs/ipc/proc: [(container path, host path, mount options)];
+    missing: [Missing] the host lacks, none of them fatal."""
+    __slots__ = ("caps", "nodes", "libs", "bins", "firmware", "configs", "ipc", "proc", "missing")
+
+
+class Missing:
+    """A piece of a capability the driver root lacks: cap, piece (a library
+    family, a binary name or a /dev path), severity (PIECES), fix."""
+    __slots__ = ("cap", "piece", "severity", "fix")
+
+    def __init__(self, cap, piece, severity, fix):
+        self.cap, self.piece, self.severity, self.fix = cap, piece, severity, fix
+
+    def __repr__(self):
+        return f"Missing({self.piece} ({self.cap}) {self.severity})"
+
+
+def _has(host, piece):
+    if piece.startswith("/dev/"):
+        node = host.control.get(piece[5:])
+        return node is not None and not node.missing
+    if piece.startswith("lib"):
+        return any(lib.family == piece and lib.bits == 64 for lib in host.libs)
+    return piece in host.bins
+
+
+def _fix(host, piece):
+    if piece == "/dev/nvidia-modeset":
+        return "modprobe nvidia-modeset, or nvidia-modprobe -m (creates /dev/nvidia-modeset)"
+    what = "nvidia-smi" if piece == "nvidia-smi" else f"{piece}.so.{host.version}"
+    return (f"install {what} of driver {host.version} into the driver root "
+            f"({host.driver_root}), then run ldconfig there")
+
+
+def missing_pieces(host, caps):
+    """[Missing] for the capabilities `caps` (effective, see effective_caps),
+    in PIECES order."""
+    return [Missing(cap, piece, sev, _fix(host, piece))
+            for cap in PIECES if cap in caps
+            for piece, sev in PIECES[cap] if not _has(host, piece)]
+
+
+def _judge(host, sel, caps, missing):
+    """Raise when the launch cannot work: a fatal piece is missing, or every
+    capability asked for lacks all of its key pieces."""
+    for m in missing:
+        if m.severity == "fatal":
+            raise GpuError(f"driver library {m.piece}.so.{host.version}",
+                           f"neither {host.path('/etc/ld.so.cache')} nor the driver's library "
+                           f"directories hold it, and the '{m.cap}' capability cannot work "
+                           "without it",
+                           hint=f"{m.fix}; or drop the '{m.cap}' capability (--gpu-caps)")
+    judged = [c for c in PIECES if c in caps]
+    dead = [c for c in judged
+            if all(not _has(host, p) for p, sev in PIECES[c] if sev in ("key", "fatal"))]
+    if judged and dead == judged:
+        names = ", ".join(f"{m.piece} ({m.cap})" for m in missing if m.severity != "warn")
+        raise GpuError(f"--gpu-caps {','.join(sel.caps)}",
+                       f"the driver root lacks {names}: none of these capabilities can work",
+                       hint="; ".join(dict.fromkeys(m.fix for m in missing if m.severity != "warn")))
+
+
+def warning(inj):
+    """The one warning line (without the "gpusandbox: " prefix) naming what
+    a launch goes without, or None."""
+    if not inj.missing:
+        return None
+    by_cap = {}
+    for m in inj.missing:
+        by_cap.setdefault(m.cap, []).append(m.piece)
+    what = "; ".join(f"{', '.join(p)} ({c})" for c, p in by_cap.items())
+    return (f"warning: the GPU driver lacks {what}: injecting the rest "
+            "('gpusandbox doctor' shows the fixes)")
 
 
 def effective_caps(caps):
@@ -52,8 +140,10 @@ def _node(node, why, hint):
 
 
 def plan(host, sel):
-    """Host-side injection plan for `sel` (raises GpuError on a missing or
-    mismatched device node, or on a missing required library)."""
+    """Host-side injection plan for `sel`: what the host has of it, with
+    inj.missing naming what it lacks (raises GpuError on a missing or
+    mismatched required device node, or when the launch cannot work: see
+    PIECES)."""
     caps = effective_caps(sel.caps)
     inj = Injection()
     inj.caps = caps
@@ -69,8 +159,11 @@ def plan(host, sel):
         nodes.append(_node(host.control.get("nvidia-uvm"), "/dev/nvidia-uvm", hint_nodes))
         nodes.append(_node(host.control.get("nvidia-uvm-tools"), "/dev/nvidia-uvm-tools",
                            hint_nodes))
-    if "display" in caps:
-        nodes.append(_node(host.control.get("nvidia-modeset"), "/dev/nvidia-modeset",
+    modeset = host.control.get("nvidia-modeset")
+    if "display" in caps and modeset is not None and not modeset.missing:
+        # A node with the wrong numbers is refused; an absent one is a
+        # missing piece (headless hosts do not load nvidia-modeset).
+        nodes.append(_node(modeset, "/dev/nvidia-modeset",
                            "modprobe nvidia-modeset, or nvidia-modprobe -m"))
     for m in sel.migs:
         nodes += [_node(m.gi_node, None, hint_nodes), _node(m.ci_node, None, hint_nodes)]
@@ -82,13 +175,8 @@ def plan(host, sel):
     families = {f for c in caps for f in CAP_LIBS.get(c, ())}
     bits = (64, 32) if "compat32" in caps else (64,)
     inj.libs = [lib for lib in host.libs if lib.family in families and lib.bits in bits]
-    have = {lib.family for lib in inj.libs if lib.bits == 64}
-    for cap, fam in _REQUIRED.items():
-        if cap in caps and fam not in have:
-            raise GpuError(f"driver library {fam}.so.{host.version}",
-                           f"not in {host.path('/etc/ld.so.cache')}",
-                           hint=f"install the driver's user-space part matching {host.version}"
-                                f", or drop the '{cap}' capability")
+    inj.missing = missing_pieces(host, caps)
+    _judge(host, sel, caps, inj.missing)
     wanted = {b for c in caps for b in CAP_BINS.get(c, ())}
     inj.bins = [(n, p) for n, p in sorted(host.bins.items()) if n in wanted]
     inj.firmware = list(host.firmware)
@@ -177,6 +265,15 @@ def build_edits(host, sel, image_root, environ=None):
     entries, links = [], {}
     for lib in inj.libs:
         d = libdir[lib.bits]
+        if lib.subdir:
+            # A plugin its loader opens by path (libvdpau: <libdir>/vdpau/
+            # libvdpau_nvidia.so.1): its directory and SONAME link, no cache entry.
+            d = f"{d}/{lib.subdir}"
+            edits.mounts.append(Mount(lib.host_path, f"{d}/{lib.name}", RO))
+            soname = _soname(lib)
+            if soname != lib.name and "/" not in soname:
+                links[f"{d}/{soname}"] = lib.name
+            continue
         edits.mounts.append(Mount(lib.host_path, f"{d}/{lib.name}", RO))
         soname = _soname(lib)
         if soname == lib.name or "/" in soname:

@@ -112,6 +112,8 @@ def list_data(host, sel):
         "configs": [hp for _c, hp, _o in inj.configs],
         "ipc": [hp for _c, hp, _o in inj.ipc],
         "proc": [hp for _c, hp, _o in inj.proc],
+        "missing": [{"capability": m.cap, "piece": m.piece, "fix": m.fix} for m in inj.missing],
+        "warning": inject.warning(inj),
     }
 
 
@@ -131,6 +133,8 @@ def main_list(argv):
         data = list_data(host, sel)
     except SandboxError as e:
         return _fail(e)
+    if data["warning"]:
+        print(f"gpusandbox: {data['warning']}", file=sys.stderr)
     if args.json:
         import json
         print(json.dumps(data, indent=2))

@@ -446,6 +446,11 @@ def _install(root, info, build, pad):
                 _symlink(fname, os.path.join(dst, soname))
             if dev == "y":
                 _symlink(soname, os.path.join(dst, stem + ".so"))
+        # libvdpau's plugin directory, which no ld.so.conf names: discovery
+        # finds it by path, as on a real host.
+        _write(os.path.join(dst, "vdpau", f"libvdpau_nvidia.so.{ver}"),
+               _soname(generic, "libvdpau_nvidia.so.1"), 0o755)
+        _symlink(f"libvdpau_nvidia.so.{ver}", os.path.join(dst, "vdpau", "libvdpau_nvidia.so.1"))
     # Decoys discovery must reject by version: a leftover NVML of an older driver
     # next to the real one, and a CUDA forward-compat libcuda in the loader cache.
     generic = _read(os.path.join(build, "generic.so"))

@@ -35,8 +35,13 @@ LIBS = {
     "libnvidia-encode": "libnvidia-encode.so.1",
     "libnvcuvid": "libnvcuvid.so.1",
     "libGLX_nvidia": "libGLX_nvidia.so.0",
+    "libEGL_nvidia": "libEGL_nvidia.so.0",
     "libnvidia-glcore": None,
+    "libnvidia-eglcore": None,
+    "libnvidia-ngx": "libnvidia-ngx.so.1",
 }
+# Plugins ldconfig never sees (no ld.so.conf names their directory): found by path.
+PLUGINS = {"libvdpau_nvidia": ("vdpau", "libvdpau_nvidia.so.1")}
 BINS = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
         "nvidia-cuda-mps-server")
 HAVE_GCC = shutil.which("gcc") is not None
@@ -228,6 +233,11 @@ class FakeDriver:
                 target = f"/{LIBDIR}/{real}" if fam == "libnvidia-cfg" else real
                 os.symlink(target, self.p(f"{LIBDIR}/{soname}"))
                 os.symlink(soname, self.p(f"{LIBDIR}/{fam}.so"))
+        for fam, (sub, soname) in PLUGINS.items():
+            os.makedirs(self.p(f"{LIBDIR}/{sub}"))
+            _cc(f"int {fam}_marker(void) {{ return 1; }}\n",
+                self.p(f"{LIBDIR}/{sub}/{fam}.so.{ver}"), soname)
+            os.symlink(f"{fam}.so.{ver}", self.p(f"{LIBDIR}/{sub}/{soname}"))
         if stale_libs:
             # Leftovers of an older driver and an unrelated library: never injected.
             _cc("int old(void){return 0;}\n", self.p(f"{LIBDIR}/libnvidia-fbc.so.535.104.05"),

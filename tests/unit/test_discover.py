@@ -113,7 +113,10 @@ def test_frontend_name_before_550():
 
 def test_missing_layers_raise_gpu_error_naming_them():
     with fx.FakeDriver(gpus=1, stale_libs=False) as fd:
+        # No cache and nothing in the library directories (a cache-less root
+        # with the libraries in place is found by path: test_discover_partial).
         os.unlink(fd.p("etc/ld.so.cache"))
+        os.rename(fd.p(fx.LIBDIR), fd.p("elsewhere"))
         with pytest.raises(GpuError, match="driver libraries") as e:
             discover.discover(fd.root)
         assert "ld.so.cache" in e.value.why and e.value.hint

@@ -135,7 +135,7 @@ def test_healthy_driver_passes_every_check():
     assert ceiling == (12, 4)
     names = [c.name for c in checks]
     assert names == ["kernel module", "device nodes", "nvidia-uvm", "driver libraries",
-                     "persistenced", "GSP firmware", "CUDA ceiling"]
+                     "capabilities", "persistenced", "GSP firmware", "CUDA ceiling"]
     assert "12.4" in checks[-1].detail
 
 
