@@ -46,3 +46,58 @@ def test_reaped_child_is_never_signalled(runner, rootfs, tmp_path, args, code):
         assert not (m and m.group(1) in reaped), f"signal to reaped pid: {line}\n" + "\n".join(lines)
         assert not (reaped and line.startswith("pidfd_send_signal")), "\n".join(lines)
     assert reaped, "\n".join(lines)
+
+
+# 4. --best-effort-limits never removes the device filter ---------------------------
+
+def _cgroup2_mount():
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            if " - cgroup2 " in line:
+                return line.split()[4]
+    return None
+
+
+@pytest.fixture
+def guarded_parent():
+    """A cgroup of our own with an allow-all device program attached by the
+    test: exclusively (no flags: nothing may attach below) or with
+    BPF_F_ALLOW_OVERRIDE (a program below replaces it).  Yields a function
+    that attaches with the given flags and returns the parent's path."""
+    from gpusandbox.linux import bpfdev
+    mount = _cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup2 mount on this host")
+    path = os.path.join(mount, f"gsbx-test-guard-{os.getpid()}-{os.urandom(3).hex()}")
+    os.mkdir(path)
+    held = []
+
+    def attach(flags):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        prog = bpfdev.load(bpfdev.assemble([("c", None, None, "rwm"), ("b", None, None, "rwm")]))
+        bpfdev.attach(fd, prog, flags)
+        held.append((fd, prog))
+        return path
+    yield attach
+    for fd, prog in held:
+        try:
+            bpfdev.detach(fd, prog)
+        finally:
+            os.close(fd)
+            os.close(prog)
+    for d in sorted((top for top, _, _ in os.walk(path)), key=len, reverse=True):
+        os.rmdir(d)
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (0, "device filter: cannot attach to"),
+    (1, "would disable its device program"),       # BPF_F_ALLOW_OVERRIDE
+])
+def test_best_effort_limits_never_drops_the_device_filter(root_runner, rootfs, guarded_parent,
+                                                          flags, needle):
+    parent = guarded_parent(flags)
+    r = root_runner.run(["--best-effort-limits", "--cgroup-parent", parent, str(rootfs),
+                         "echo", "RAN"])
+    assert r.returncode == 125 and "RAN" not in r.stdout, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith("gpusandbox: error: ") and needle in r.stderr, r.stderr
+    assert not [n for n in os.listdir(parent) if n.startswith("gpusandbox-")]
