@@ -101,3 +101,27 @@ def test_best_effort_limits_never_drops_the_device_filter(root_runner, rootfs, g
     assert r.returncode == 125 and "RAN" not in r.stdout, (r.returncode, r.stdout, r.stderr)
     assert r.stderr.startswith("gpusandbox: error: ") and needle in r.stderr, r.stderr
     assert not [n for n in os.listdir(parent) if n.startswith("gpusandbox-")]
+
+
+# E. no leases: F_SETLEASE is refused, other fcntl commands work ---------------------
+
+LEASE = ("import errno, fcntl, os\n"
+         "fd = os.open('/tmp/own', os.O_RDONLY | os.O_CREAT, 0o644)\n"
+         "print('GETFL', fcntl.fcntl(fd, fcntl.F_GETFL) & 3)\n"
+         "try:\n"
+         "    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)\n"
+         "    print('SETLEASE ok')\n"
+         "except OSError as e:\n"
+         "    print('SETLEASE', errno.errorcode[e.errno])\n"
+         "print('GETLEASE', fcntl.fcntl(fd, fcntl.F_GETLEASE))\n"
+         "print('uid', os.getuid(), 'owner', os.fstat(fd).st_uid)\n")
+
+
+def test_setlease_refused_inside(runner, rootfs):
+    r = runner.run([str(rootfs), "python3", "-c", LEASE])
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert "GETFL 0" in out and "SETLEASE EPERM" in out, r.stdout
+    assert "GETLEASE 2" in out, r.stdout          # F_UNLCK: the call works, no lease held
+    uid = "0" if runner.mode == "root" else str(runner.uid)
+    assert f"uid {uid} owner {uid}" in out, r.stdout   # the kernel itself would allow it
