@@ -38,7 +38,7 @@ class RunSpec:
     def __init__(self):
         self.image = None
         self.argv = []
-        self.net = "host"            # host | none
+        self.net = None              # host | none; None: chosen by the plan (_identity)
         self.userns = "auto"         # auto | single | subids | host
         self.fakeroot = False        # --root
         self.user = None             # (uid, gid) under real root

@@ -8,6 +8,7 @@ this process with 125.
 import os
 
 from ..linux import mounts as m
+from ..linux import net
 from ..linux import sys as k
 from ..plan import MASKED_DIRS, MASKED_FILES, OWN_FS, READONLY_PATHS, STD_DEVICES
 from . import command
@@ -205,14 +206,6 @@ def _pivot(rootfd):
     os.chdir("/")
 
 
-def _loopback_up():
-    # pyroute2 costs ~90 ms to import: only launches with --net none pay it.
-    from pyroute2 import IPRoute
-    with IPRoute() as ipr:
-        idx = ipr.link_lookup(ifname="lo")
-        ipr.link("set", index=idx[0], state="up")
-
-
 def _peer_gone(fd):
     """Whether the other end of a pipe that is never written has closed."""
     import select
@@ -308,11 +301,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
             step = "making the root filesystem read-only"
             k.mount_setattr(rootfd, k.MOUNT_ATTR_RDONLY, recursive=False)
         if plan.spec.net == "none":
-            # Before the pivot: pyroute2 is imported from the host's site-packages,
-            # which the new root does not contain.  (Every module used after the
-            # pivot is already imported by the launcher.)
             step = "bringing up loopback"
-            _loopback_up()
+            net.loopback_up()
         step = "pivoting into the root filesystem"
         _pivot(rootfd)
         os.close(rootfd)

@@ -125,3 +125,124 @@ def test_setlease_refused_inside(runner, rootfs):
     assert "GETLEASE 2" in out, r.stdout          # F_UNLCK: the call works, no lease held
     uid = "0" if runner.mode == "root" else str(runner.uid)
     assert f"uid {uid} owner {uid}" in out, r.stdout   # the kernel itself would allow it
+
+
+# 3. capabilities that act on the host's network are dropped when it is shared --------
+
+# Docker's default set minus CAP_MKNOD (capabilities(7) numbers), and what
+# sharing the host's network namespace removes from it.
+DOCKER_MINUS_MKNOD = (0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31)
+HOST_NET_DROPPED = (10, 13)          # CAP_NET_BIND_SERVICE, CAP_NET_RAW
+
+CAPS_AND_PACKET = (
+    "import errno, socket\n"
+    "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0])\n"
+    "try:\n"
+    "    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3)).close()\n"
+    "    print('packet ok')\n"
+    "except OSError as e:\n"
+    "    print('packet', errno.errorcode[e.errno])\n")
+
+
+def _mask(caps):
+    return sum(1 << c for c in caps)
+
+
+@pytest.mark.parametrize("net", [[], ["--net", "none"], ["--net", "host"]])
+def test_root_caps_follow_the_network_namespace(root_runner, rootfs, net):
+    r = root_runner.run([*net, str(rootfs), "python3", "-c", CAPS_AND_PACKET])
+    assert r.returncode == 0, r.stderr
+    cap_eff, packet = r.stdout.splitlines()
+    if net == ["--net", "host"]:
+        want = _mask(c for c in DOCKER_MINUS_MKNOD if c not in HOST_NET_DROPPED)
+        assert packet == "packet EPERM", r.stdout     # no AF_PACKET on the host's interfaces
+    else:                                              # root's default is a private namespace
+        want = _mask(DOCKER_MINUS_MKNOD)
+        assert packet == "packet ok", r.stdout         # only its own loopback to see
+    assert int(cap_eff, 16) == want, (cap_eff, hex(want))
+
+
+def test_rootless_root_shares_the_host_network_without_net_caps(rootless_runner, rootfs):
+    r = rootless_runner.run(["--root", str(rootfs), "python3", "-c", CAPS_AND_PACKET])
+    assert r.returncode == 0, r.stderr
+    cap_eff, packet = r.stdout.splitlines()
+    assert int(cap_eff, 16) == _mask(c for c in DOCKER_MINUS_MKNOD if c not in HOST_NET_DROPPED)
+    assert packet == "packet EPERM", r.stdout
+    assert _host_netns_inode() == _sandbox_netns_inode(rootless_runner, rootfs, ["--root"])
+
+
+def _host_netns_inode():
+    return os.stat("/proc/self/ns/net").st_ino
+
+
+def _sandbox_netns_inode(runner, rootfs, opts=()):
+    r = runner.run([*opts, str(rootfs), "python3", "-c",
+                    "import os; print(os.stat('/proc/self/ns/net').st_ino)"])
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout)
+
+
+# D. a root sandbox is not uid 0 to host daemons on abstract unix sockets ---------------
+
+@pytest.fixture
+def peercred_daemon():
+    """A host daemon on an abstract unix socket in the host's network
+    namespace that answers each client with the uid SO_PEERCRED gives it
+    (what a daemon trusting uid-0 peers would check)."""
+    import socket
+    import struct
+    import threading
+    name = f"gsbx-test-peercred-{os.getpid()}-{os.urandom(3).hex()}"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind("\0" + name)
+    srv.listen(8)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                conn.sendall(b"uid=%d\n" % struct.unpack("3i", cred)[1])
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield name
+    stop.set()
+    t.join()
+    srv.close()
+
+
+CONNECT = ("import errno, socket, sys\n"
+           "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+           "try:\n"
+           "    s.connect('\\0' + sys.argv[1])\n"
+           "    print(s.recv(64).decode().strip())\n"
+           "except OSError as e:\n"
+           "    print('connect', errno.errorcode[e.errno])\n")
+
+
+def test_root_sandbox_cannot_reach_host_abstract_sockets(root_runner, rootfs, peercred_daemon):
+    r = root_runner.run([str(rootfs), "python3", "-c", CONNECT, peercred_daemon])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("connect ECONNREFUSED", "connect ENOENT"), r.stdout
+    assert _sandbox_netns_inode(root_runner, rootfs) != _host_netns_inode()
+    # The explicit choice reaches it, as uid 0, and says nothing extra...
+    r = root_runner.run(["--net", "host", str(rootfs), "python3", "-c", CONNECT, peercred_daemon])
+    assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "uid=0", "")
+    # ...unless asked to.
+    r = root_runner.run(["--verbose", "--net", "host", str(rootfs), "true"])
+    assert "network: the host's (--net host)" in r.stderr, r.stderr
+
+
+def test_root_with_user_and_rootless_keep_the_host_network(runner, rootfs, peercred_daemon,
+                                                           test_user):
+    # The command's uid on the host is not 0: a host daemon sees a uid it could
+    # already talk to, so the host network stays the default.
+    opts = ["--user", f"{test_user.pw_uid}:{test_user.pw_gid}"] if runner.mode == "root" else []
+    r = runner.run([*opts, str(rootfs), "python3", "-c", CONNECT, peercred_daemon])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"uid={test_user.pw_uid}", r.stdout
