@@ -84,7 +84,8 @@ class LaunchPlan:
     __slots__ = ("spec", "rootfs", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
-                 "device_rules", "notes", "warnings")
+                 "device_rules", "notes", "warnings",
+                 "own_cgroup")
 
     def __init__(self, spec):
         self.spec = spec
@@ -93,6 +94,9 @@ class LaunchPlan:
         self.edits = ContainerEdits()
         self.device_rules = None
         self.seccomp = None
+        # Set by the launcher: the sandbox starts in a cgroup2 leaf of its own,
+        # which init then shows at /sys/fs/cgroup.
+        self.own_cgroup = False
 
 
 def _image_root(image):

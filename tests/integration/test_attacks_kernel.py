@@ -246,3 +246,54 @@ def test_root_with_user_and_rootless_keep_the_host_network(runner, rootfs, peerc
     r = runner.run([*opts, str(rootfs), "python3", "-c", CONNECT, peercred_daemon])
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"uid={test_user.pw_uid}", r.stdout
+
+
+# 7. /sys is sysfs alone; /sys/fs/cgroup shows only the sandbox's own cgroup ---------
+
+KERNEL_FS = ("/sys/kernel/debug", "/sys/kernel/tracing", "/sys/kernel/security", "/sys/fs/bpf")
+
+SYS_PROBE = (
+    "import os, sys\n"
+    "for p in sys.argv[1:]:\n"
+    "    try:\n"
+    "        print(p, sorted(os.listdir(p)))\n"
+    "    except OSError as e:\n"
+    "        print(p, 'absent', e.errno)\n"
+    "cg = '/sys/fs/cgroup'\n"
+    "print('cgdirs', sorted(n for n in os.listdir(cg) if os.path.isdir(os.path.join(cg, n))))\n"
+    "print('cgfs', [l.split(' - ')[1].split()[0] for l in open('/proc/self/mountinfo')\n"
+    "               if l.split()[4] == cg][-1:])\n"
+    "print('procs', os.path.exists(cg + '/cgroup.procs'))\n"
+    "print('pci', len(os.listdir('/sys/bus/pci/devices')) > 0, 'class', len(os.listdir('/sys/class')) > 0)\n")
+
+
+def _with_kernel_mounts(runner, args):
+    """argv that runs the CLI in a private mount namespace of the test whose
+    /sys carries a canary tmpfs at each kernel interface's mount point (this
+    host may have none mounted), as a host with debugfs & co. would."""
+    setup = "; ".join(f"mount -t tmpfs -o size=64k gsbx-canary {p} && touch {p}/CANARY"
+                      for p in KERNEL_FS)
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            f"set -e; {setup}; exec \"$@\"", "sh"] + runner.argv(args)
+
+
+def _host_cgroup_dirs():
+    out = set()
+    for base in ("/sys/fs/cgroup", _cgroup2_mount() or "/sys/fs/cgroup"):
+        out |= {n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n))}
+    return out
+
+
+def test_sys_has_no_kernel_interfaces_and_no_host_cgroups(runner, rootfs):
+    assert _host_cgroup_dirs(), "the host shows no cgroup directories: nothing to hide"
+    argv = _with_kernel_mounts(runner, [str(rootfs), "python3", "-c", SYS_PROBE, *KERNEL_FS])
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=runner.env(),
+                       cwd="/")
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    for p in KERNEL_FS:
+        assert out[p] == "[]" or out[p].startswith("absent"), (p, out[p])
+    assert out["cgdirs"] == "[]", out["cgdirs"]           # no host cgroup, no v1 hierarchy
+    assert out["pci"] == "True class True", out            # sysfs itself is there
+    if runner.mode == "root":                              # its own leaf, as cgroup2
+        assert (out["cgfs"], out["procs"]) == ("['cgroup2']", "True"), out
