@@ -218,7 +218,9 @@ def main_run(argv):
             sys.stdout.write(RUN_HELP)
             return 0
         if os.environ.get("GPUSANDBOX_TEST_PAUSE"):
-            spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
+            from .stages.channel import pause_hook_enabled
+            if pause_hook_enabled():
+                spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
         from .stages.parent import launch
         return launch(spec)
     except SandboxError as e:

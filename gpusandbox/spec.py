@@ -31,7 +31,8 @@ class RunSpec:
         "cgroup_parent", "memory", "memory_swap", "pids_limit", "cpus", "best_effort",
         # security
         "seccomp",
-        # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE)
+        # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
+        # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
     )
 

@@ -297,3 +297,26 @@ def test_sys_has_no_kernel_interfaces_and_no_host_cgroups(runner, rootfs):
     assert out["pci"] == "True class True", out            # sysfs itself is there
     if runner.mode == "root":                              # its own leaf, as cgroup2
         assert (out["cgfs"], out["procs"]) == ("['cgroup2']", "True"), out
+
+
+# 9. GPUSANDBOX_TEST_PAUSE is a test hook only the test install honours ----------------
+
+def test_pause_variable_is_ignored_outside_the_test_install(rootfs, cli):
+    import sys
+    from gpusandbox.stages.channel import TEST_MARKER
+    assert not (REPO / "gpusandbox" / TEST_MARKER).exists()
+    # The project's own (editable) install, as any user's install would be.
+    r = subprocess.run([sys.executable, "-m", "gpusandbox", "run", str(rootfs), "echo", "RAN"],
+                       capture_output=True, text=True, timeout=60, cwd="/",
+                       env={"PATH": "/usr/bin:/bin", "GPUSANDBOX_TEST_PAUSE": "after-cgroup"})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "RAN\n", "")
+
+
+def test_pause_variable_is_honoured_by_the_test_install(root_runner, rootfs):
+    import signal
+    p = root_runner.popen([str(rootfs), "true"], env={"GPUSANDBOX_TEST_PAUSE": "after-cgroup"})
+    try:
+        assert "paused at after-cgroup" in p.stderr.readline()
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
