@@ -31,7 +31,9 @@ Identity and namespaces:
                               auto: a user namespace when not root; single: one-id map;
                               subids: full range via newuidmap/newgidmap; host: none (root only)
   --user UID[:GID]            run as this user (real root only), supplementary groups cleared
-  --net host|none             share the host network (default) or an isolated one with loopback
+  --net host|none             host: share the host's network namespace; none: a private one with
+                              loopback only.  Default: none when the command would be uid 0 on
+                              the host (real root without --user), else host
   --hostname NAME             hostname inside (default: gpusandbox)
 Root filesystem:
   --writable-tmpfs            private writable overlay over the image, discarded at exit
@@ -178,7 +180,7 @@ def parse_run_args(argv):
             spec.userns = val
         elif attr == "net":
             if val not in ("host", "none"):
-                _bad(f"invalid --net {val!r}", None, "use host (default) or none")
+                _bad(f"invalid --net {val!r}", None, "use host or none")
             spec.net = val
         else:
             setattr(spec, attr, val)
@@ -216,7 +218,9 @@ def main_run(argv):
             sys.stdout.write(RUN_HELP)
             return 0
         if os.environ.get("GPUSANDBOX_TEST_PAUSE"):
-            spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
+            from .stages.channel import pause_hook_enabled
+            if pause_hook_enabled():
+                spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
         from .stages.parent import launch
         return launch(spec)
     except SandboxError as e:

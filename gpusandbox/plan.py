@@ -90,7 +90,8 @@ class LaunchPlan:
     __slots__ = ("spec", "rootfs", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
-                 "device_rules", "notes", "warnings")
+                 "device_rules", "notes", "warnings",
+                 "own_cgroup")
 
     def __init__(self, spec):
         self.spec = spec
@@ -99,6 +100,9 @@ class LaunchPlan:
         self.edits = ContainerEdits()
         self.device_rules = None
         self.seccomp = None
+        # Set by the launcher: the sandbox starts in a cgroup2 leaf of its own,
+        # which init then shows at /sys/fs/cgroup.
+        self.own_cgroup = False
 
 
 def _image_root(image):
@@ -198,7 +202,7 @@ def _image_env(rootfs, config):
         return good, None
 
 
-def _identity(plan, spec):
+def _identity(plan, spec, host_env=None):
     real_root = os.geteuid() == 0
     plan.real_root = real_root
     uid, gid = os.geteuid(), os.getegid()
@@ -240,8 +244,10 @@ def _identity(plan, spec):
             plan.idmap = ("full", idmap.ranges(inside_uid, uid, su),
                           idmap.ranges(inside_gid, gid, sg))
             plan.clear_groups = True
-    from .linux.caps import ROOT_DEFAULT
-    plan.caps = ROOT_DEFAULT if plan.cmd_uid == 0 else ()
+    _network(plan, spec, real_root and plan.cmd_uid == 0,
+             os.environ if host_env is None else host_env)
+    from .linux.caps import root_caps
+    plan.caps = root_caps(spec.net == "host") if plan.cmd_uid == 0 else ()
     flags = (k.CLONE_NEWNS | k.CLONE_NEWPID | k.CLONE_NEWUTS | k.CLONE_NEWIPC
              | k.CLONE_NEWCGROUP)
     if mode != "host":
@@ -249,6 +255,36 @@ def _identity(plan, spec):
     if spec.net == "none":
         flags |= k.CLONE_NEWNET
     plan.clone_flags = flags
+
+
+def _network(plan, spec, host_root, host_env):
+    """Resolve the default network namespace into spec.net.
+
+    A command that is uid 0 on the host (real root, no --user; a user
+    namespace of a root caller maps uid 0 inside to uid 0 outside) gets a
+    private namespace unless --net host: in the host's, every host daemon
+    listening on an abstract unix socket (they live in the network namespace,
+    not the filesystem, so no mount hides them) sees a uid-0 peer in
+    SO_PEERCRED and may trust it (containerd-shim, CVE-2020-15257).  Rootless,
+    the command's uid maps to the caller's, so a host daemon sees the caller
+    it could already talk to: the host network stays the default there, and
+    so with --user under root.  This holds inside Slurm steps too: ranks that
+    run as root and talk TCP need --net host, which a multi-task step is told."""
+    if spec.net is None:
+        spec.net = "none" if host_root else "host"
+        if host_root:
+            plan.notes.append("network: private namespace, loopback only (the command is uid 0 "
+                              "on the host; --net host shares the host's)")
+            tasks = host_env.get("SLURM_STEP_NUM_TASKS") or host_env.get("SLURM_NTASKS") or ""
+            if host_env.get("SLURM_STEP_ID") and tasks.isdigit() and int(tasks) > 1:
+                plan.warnings.append(
+                    f"note: the command runs as uid 0 in a private network namespace, so the "
+                    f"{tasks} tasks of this Slurm step cannot reach each other over TCP; "
+                    "pass --net host if they must")
+    elif spec.net == "host" and host_root:
+        plan.notes.append("network: the host's (--net host): the command is uid 0 to host "
+                          "services on abstract unix sockets; CAP_NET_RAW and "
+                          "CAP_NET_BIND_SERVICE dropped")
 
 
 def _check_binds(spec):
@@ -333,7 +369,7 @@ def build(spec, host_env=None):
     plan = LaunchPlan(spec)
     rootfs, config = _image_root(spec.image)
     plan.rootfs = rootfs
-    _identity(plan, spec)
+    _identity(plan, spec, host_env)
     _check_binds(spec)
     image_env, image_cwd = _image_env(rootfs, config)
     user_env = envmod.user_rows(spec, host_env)

@@ -31,14 +31,15 @@ class RunSpec:
         "cgroup_parent", "memory", "memory_swap", "pids_limit", "cpus", "best_effort",
         # security
         "seccomp",
-        # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE)
+        # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
+        # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
     )
 
     def __init__(self):
         self.image = None
         self.argv = []
-        self.net = "host"            # host | none
+        self.net = None              # host | none; None: chosen by the plan (_identity)
         self.userns = "auto"         # auto | single | subids | host
         self.fakeroot = False        # --root
         self.user = None             # (uid, gid) under real root

@@ -4,7 +4,9 @@ A non-root command ends with every set empty, the bounding set included, so
 that even a setuid-root or file-capability binary in the image gains nothing
 (no_new_privs blocks the setuid transition, an empty bounding set blocks
 file capabilities).  A root command keeps docker's default set minus
-CAP_MKNOD: no device nodes may be created in the sandbox (CVE-2021-1056).
+CAP_MKNOD: no device nodes may be created in the sandbox (CVE-2021-1056),
+and, when it shares the host's network namespace, minus the capabilities
+that act on that namespace (HOST_NET_DROPPED).
 """
 import ctypes
 
@@ -28,6 +30,38 @@ ROOT_DEFAULT = (
     29,  # CAP_AUDIT_WRITE
     31,  # CAP_SETFCAP
 )
+
+# Dropped from ROOT_DEFAULT whenever the command shares the host's network
+# namespace (--net host, and every rootless --root launch).  Docker can keep
+# them because its containers get a private namespace; capabilities act on
+# the network namespace the process is in, so here they would act on the
+# host's (capabilities(7); a user namespace's root holds them only over
+# namespaces that namespace owns, so rootless they are inert but dropped all
+# the same, for one rule):
+#  - CAP_NET_RAW: AF_PACKET and raw IP sockets on the host's interfaces: sniff
+#    every host's traffic on the node, forge packets from the node's
+#    addresses (ARP/ND spoofing, the CVE-2020-14386 af_packet class).
+#  - CAP_NET_BIND_SERVICE: ports below 1024 on the host's addresses.  Other
+#    hosts treat a privileged source port as proof of root on this node
+#    (NFS AUTH_SYS with the "secure" export option, the default on HPC
+#    clusters; rsh/rlogin), and a command could squat a port a host
+#    service (sshd, rpcbind) has not bound yet.
+# The rest of docker's set acts on the sandbox's own mount, pid, uts and ipc
+# namespaces or on files, never on the network, so it stays: CAP_AUDIT_WRITE
+# writes to the audit log whatever the network namespace (audit netlink is
+# answered by the kernel for every namespace), CAP_KILL reaches only the
+# sandbox's pid namespace.  CAP_NET_ADMIN is not in docker's set at all.
+HOST_NET_DROPPED = (
+    10,  # CAP_NET_BIND_SERVICE
+    13,  # CAP_NET_RAW
+)
+
+
+def root_caps(host_net):
+    """The capabilities of a root command (uid 0 inside)."""
+    if host_net:
+        return tuple(c for c in ROOT_DEFAULT if c not in HOST_NET_DROPPED)
+    return ROOT_DEFAULT
 
 
 class _Hdr(ctypes.Structure):

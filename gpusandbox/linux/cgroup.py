@@ -235,9 +235,8 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
                           f"pass --cgroup-parent naming one, or run without limits ({BEST_EFFORT_OPTION})"))
         h.note(f"cgroup: none ({why})")
         if privileged:
-            _fail_or_note(h, best_effort, CgroupError(
-                "device filter: no cgroup to attach it to", why,
-                hint=f"make {pdir} writable or pass --cgroup-parent"))
+            raise CgroupError("device filter: no cgroup to attach it to", why,
+                              hint=f"make {pdir} writable or pass --cgroup-parent")
         else:
             _rootless_filter_note(h)
         return
@@ -261,7 +260,7 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
                 f"cgroup: cannot set {OPTION[name]} ({name} = {value}) in {leaf}", why,
                 hint=f"drop the option, or run without it ({BEST_EFFORT_OPTION})"))
     if privileged:
-        _attach_bpf(h, pdir, rules, best_effort)
+        _attach_bpf(h, pdir, rules)
     else:
         _rootless_filter_note(h)
 
@@ -314,8 +313,13 @@ def _usable(h, files, pdir, mount, proc, mounts, best_effort):
     return [f for f in files if f[0] not in bad]
 
 
-def _attach_bpf(h, pdir, rules, best_effort):
+def _attach_bpf(h, pdir, rules):
     """Load, attach with BPF_F_ALLOW_MULTI, verify by query; fail closed.
+
+    Every failure here raises, whatever --best-effort-limits says: that option
+    relaxes resource limits, while the device filter is a boundary (it is what
+    keeps a root command away from other GPUs and every block device), so a
+    launch without it must not start.
 
     Flags: a device check runs the leaf's effective programs, which include
     every ancestor program attached with BPF_F_ALLOW_MULTI whatever flags the
@@ -324,7 +328,7 @@ def _attach_bpf(h, pdir, rules, best_effort):
     none: a program attached below ours (a nested runtime) then runs in
     addition to ours and cannot replace it, and detaching ours needs our
     program fd.  An ancestor attached with BPF_F_ALLOW_OVERRIDE yields to any
-    program below it; that is checked and refused (best effort: noted)."""
+    program below it; that is checked and refused."""
     from gpusandbox.linux import bpfdev
     try:
         insns = bpfdev.assemble(list(bpfdev.DEFAULT_RULES) + list(rules or ()))
@@ -340,7 +344,7 @@ def _attach_bpf(h, pdir, rules, best_effort):
         err = CgroupError(f"device filter: the kernel refused the BPF program ({len(insns)} insns)",
                           e.strerror, hint=hint)
         err.log = e.log
-        return _fail_or_note(h, best_effort, err)
+        raise err
     h.prog_id = bpfdev.prog_id(h._prog_fd)
     try:
         bpfdev.attach(h._fd, h._prog_fd, bpfdev.BPF_F_ALLOW_MULTI)
@@ -350,8 +354,8 @@ def _attach_bpf(h, pdir, rules, best_effort):
             hint = (f"either an ancestor of {pdir} has a device program attached without "
                     "BPF_F_ALLOW_MULTI/OVERRIDE, which forbids programs below it, or the "
                     "launcher lacks CAP_NET_ADMIN")
-        return _fail_or_note(h, best_effort, CgroupError(
-            f"device filter: cannot attach to {h.path}", e.strerror, hint=hint))
+        raise CgroupError(f"device filter: cannot attach to {h.path}", e.strerror,
+                          hint=hint) from None
     h._attached = True
     _, own = bpfdev.query(h._fd)
     _, eff = bpfdev.query(h._fd, effective=True)
@@ -366,10 +370,10 @@ def _attach_bpf(h, pdir, rules, best_effort):
         os.close(pfd)
     lost = [i for i in above if i not in eff]
     if lost:
-        _fail_or_note(h, best_effort, CgroupError(
+        raise CgroupError(
             f"device filter: attaching below {pdir} would disable its device program(s) {lost}",
             "they were attached with BPF_F_ALLOW_OVERRIDE and yield to any program below",
-            hint="choose another --cgroup-parent"))
+            hint="choose another --cgroup-parent")
     h.filter = "bpf"
     h.note(f"device filter: BPF program id {h.prog_id} attached ({len(insns)} insns)")
 
@@ -387,9 +391,8 @@ def _prepare_v1(h, mounts, parent, files, rules, privileged, best_effort, prefix
         return
     devmount = _v1_mounts(mounts).get("devices")
     if devmount is None:
-        return _fail_or_note(h, best_effort, CgroupError(
-            "device filter: cannot be applied", why + ", nor the v1 devices controller",
-            hint="mount cgroup2 or the v1 devices hierarchy"))
+        raise CgroupError("device filter: cannot be applied", why + ", nor the v1 devices controller",
+                          hint="mount cgroup2 or the v1 devices hierarchy")
     own = next((p for c, p in _own_cgroups(proc).items() if "devices" in c.split(",")), "/")
     pdir = _resolve_parent(devmount, "/", own, parent)
     clean_stale(pdir, prefix, proc, h.notes)

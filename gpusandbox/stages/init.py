@@ -8,6 +8,7 @@ this process with 125.
 import os
 
 from ..linux import mounts as m
+from ..linux import net
 from ..linux import sys as k
 from ..plan import MASKED_DIRS, MASKED_FILES, OWN_FS, READONLY_PATHS, STD_DEVICES
 from . import command
@@ -24,7 +25,7 @@ def _open_sources(plan):
     src = {}
     for name in STD_DEVICES:
         src["dev:" + name] = m.clone_tree("/dev/" + name, recursive=False)
-    src["sys"] = m.clone_tree("/sys", recursive=True)
+    src["sys"], src["sys-hide"] = _sysfs_alone()
     nodes = []
     for node in plan.edits.device_nodes:
         fd = m.open_host_node(node.host_path, node.major, node.minor)
@@ -36,6 +37,38 @@ def _open_sources(plan):
               for mnt in plan.edits.mounts]
     binds = [(b, m.clone_tree(b.src, recursive=True)) for b in plan.binds]
     return src, nodes, mounts, binds
+
+
+def _sysfs_alone():
+    """sysfs without what is mounted on it (debugfs, tracefs, securityfs,
+    bpffs, configfs, the host's cgroup hierarchies): (mount fd, paths to
+    cover).  Devices, buses and classes (/sys/bus/pci, /sys/class,
+    /sys/devices), which GPU libraries read, are sysfs itself.
+
+    In a user namespace the host's mounts are locked to the ones below them,
+    and a non-recursive clone that would uncover them is refused (EINVAL,
+    fs/namespace.c has_locked_children); a fresh sysfs needs a network
+    namespace of our own.  There the whole tree is cloned and each mount on
+    it is covered by an empty read-only tmpfs: nothing in the sandbox holds
+    CAP_SYS_ADMIN to lift one."""
+    try:
+        return m.clone_tree("/sys", recursive=False), ()
+    except OSError as e:
+        if e.errno != 22:
+            raise
+    with open("/proc/self/mountinfo", "rb") as f:
+        points = sorted({_unescape(line.split()[4]) for line in f
+                         if line.split()[4].startswith(b"/sys/")})
+    top = [p for p in points if not any(p.startswith(q + "/") for q in points)]
+    return m.clone_tree("/sys", recursive=True), top
+
+
+def _unescape(field):
+    # mountinfo escapes space, tab, newline and the backslash itself as \ooo
+    # (proc(5)), so every backslash starts an escape.
+    first, *rest = field.split(b"\\")
+    out = first + b"".join(bytes([int(p[:3], 8)]) + p[3:] for p in rest)
+    return out.decode("utf-8", "surrogateescape")
 
 
 def _rootfs(plan):
@@ -81,6 +114,16 @@ def _system_mounts(plan, rootfd, src):
     sysfd = src.pop("sys")
     m.restrict(sysfd, ro=True, noexec=True)
     m.attach(sysfd, tgt(rootfd, "/sys", strict=True), "binding /sys read-only")
+    for path in src.pop("sys-hide"):
+        try:
+            target = tgt(rootfd, path, create=False, strict=True)
+        except OSError:
+            continue       # not a directory we can reach (a file mount, say)
+        empty = m.new_fs("tmpfs", ("size=4k", "mode=0555"), k.MOUNT_ATTR_RDONLY
+                         | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
+        m.attach(empty, target, f"covering {path}")
+    if plan.own_cgroup:
+        _cgroup_view(rootfd)
     m.attach(m.new_fs("tmpfs", ("mode=0755", "size=4m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/dev", strict=True), "mounting /dev")
     for name in STD_DEVICES:
@@ -103,6 +146,27 @@ def _system_mounts(plan, rootfd, src):
     for path, mode in (("/dev/shm", "1777"), ("/tmp", "1777"), ("/run", "0755")):
         m.attach(m.new_fs("tmpfs", (f"mode={mode}",), tmp_attrs),
                  tgt(rootfd, path, strict=True), f"mounting {path}")
+
+
+def _cgroup_view(rootfd):
+    """/sys/fs/cgroup: a fresh cgroup2 mount, read-only.  It is made inside the
+    sandbox's cgroup namespace, whose root is the sandbox's own leaf, so it
+    shows that leaf and nothing above it (cgroup_namespaces(7)); hybrid hosts
+    get the same single cgroup2 view, none of their v1 hierarchies.  Only
+    with a leaf of its own: without one (rootless outside a delegated
+    subtree, the v1 fallback) the namespace's root is the launcher's cgroup,
+    which may be the host's root cgroup, so /sys/fs/cgroup stays sysfs's
+    empty directory, as it does when the kernel refuses the mount."""
+    # The namespace root is the cgroup this process was in at clone time; a
+    # new namespace here pins it to the leaf whatever clone3 did first.
+    k.syscall("unshare", k.CLONE_NEWCGROUP)
+    try:
+        fd = m.new_fs("cgroup2", (), k.MOUNT_ATTR_RDONLY | k.MOUNT_ATTR_NOSUID
+                      | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
+    except OSError:
+        return
+    m.attach(fd, m.open_target(rootfd, "/sys/fs/cgroup", create=False, strict=True),
+             "mounting the sandbox's cgroup at /sys/fs/cgroup")
 
 
 def _apply_edits(plan, rootfd, nodes, mounts):
@@ -205,14 +269,6 @@ def _pivot(rootfd):
     os.chdir("/")
 
 
-def _loopback_up():
-    # pyroute2 costs ~90 ms to import: only launches with --net none pay it.
-    from pyroute2 import IPRoute
-    with IPRoute() as ipr:
-        idx = ipr.link_lookup(ifname="lo")
-        ipr.link("set", index=idx[0], state="up")
-
-
 def _peer_gone(fd):
     """Whether the other end of a pipe that is never written has closed."""
     import select
@@ -308,11 +364,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
             step = "making the root filesystem read-only"
             k.mount_setattr(rootfd, k.MOUNT_ATTR_RDONLY, recursive=False)
         if plan.spec.net == "none":
-            # Before the pivot: pyroute2 is imported from the host's site-packages,
-            # which the new root does not contain.  (Every module used after the
-            # pivot is already imported by the launcher.)
             step = "bringing up loopback"
-            _loopback_up()
+            net.loopback_up()
         step = "pivoting into the root filesystem"
         _pivot(rootfd)
         os.close(rootfd)

@@ -66,6 +66,7 @@ def launch(spec):
     # once its own handlers are in place, and forwards them.
     _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
     cg = _cgroup(plan, spec)
+    plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
     if not spec.verbose:
         for w in cg.warnings:
             _say(f"warning: {w}")
@@ -75,7 +76,7 @@ def launch(spec):
         for note in plan.notes:
             _say(note)
     status = 125
-    pid = 0
+    child = None
     try:
         channel.pause_point(plan, "after-cgroup")
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -105,17 +106,17 @@ def launch(spec):
                 init.run(plan, go_r, err_w, tty[1] if tty else None, wait)
             finally:
                 os._exit(125)
+        try:
+            child = _Child(pid)
+        except OSError:
+            os.kill(pid, 9)      # not yet waited for: the number is still ours
+            os.waitpid(pid, 0)
+            raise
         os.close(go_r)
         os.close(err_w)
         if tty:
             tty[1].close()
-        try:
-            _write_maps(plan, pid)
-        except SandboxError:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pid = 0
-            raise
+        _write_maps(plan, pid)
         if v1_join:
             # cgroup v1 fallback: clone3 cannot join a v1 cgroup, so join by pid
             # before init is allowed to go on.
@@ -129,16 +130,11 @@ def launch(spec):
             _, fds, _, _ = socket.recv_fds(tty[0], 1, 1)
             tty[0].close()
             master = fds[0] if fds else None
-        status = _supervise(pid, err_r, master)
-        pid = 0
+        status = _supervise(child, err_r, master)
         os.close(go_w)
     finally:
-        if pid:
-            try:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
+        if child is not None:
+            child.kill_and_reap()
         seen = len(cg.notes)
         cg.teardown()
         if spec.verbose:
@@ -147,7 +143,55 @@ def launch(spec):
     return status
 
 
-def _supervise(pid, err_r, master):
+class _Child:
+    """The sandbox's init as the launcher holds it.  Every signal goes through
+    a pidfd (pidfd_send_signal(2)), which names this process and no other: once
+    init is reaped its number may belong to an unrelated process (as root, a
+    kill() by number would hit it), while the pidfd only answers ESRCH.  The
+    pidfd is opened before the first wait, when the number is still ours."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.status = None       # set once reaped
+        self.fd = k.syscall("pidfd_open", pid, 0)
+
+    def signal(self, sig):
+        if self.status is not None:
+            return
+        try:
+            k.syscall("pidfd_send_signal", self.fd, sig, None, 0)
+        except OSError:
+            pass                 # ESRCH: it has exited
+
+    def poll(self):
+        """The exit status once init has exited (reaping it), else None."""
+        if self.status is None:
+            try:
+                wpid, st = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                wpid, st = self.pid, 125 << 8
+            if wpid == 0:
+                return None
+            self._reaped(128 + os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st))
+        return self.status
+
+    def kill_and_reap(self):
+        """SIGKILL and reap, unless it is already reaped; never raises."""
+        if self.status is not None:
+            return
+        self.signal(9)
+        try:
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+        self._reaped(137)
+
+    def _reaped(self, status):
+        self.status = status
+        os.close(self.fd)
+
+
+def _supervise(child, err_r, master):
     """Forward signals to init, relay the terminal, collect the first error
     record, and return the sandbox's status once init exits."""
     import _signal
@@ -171,14 +215,11 @@ def _supervise(pid, err_r, master):
         if wake_r in ready:
             for sig in os.read(wake_r, 256):
                 if sig == _SIGCHLD:
-                    status = _poll(pid)
+                    status = child.poll()
                 elif sig == _SIGWINCH and term:
                     term.resize()
-                elif sig != _SIGCHLD:
-                    try:
-                        os.kill(pid, sig)
-                    except ProcessLookupError:
-                        pass
+                else:
+                    child.signal(sig)
         if err_r in ready:
             chunk = os.read(err_r, 4096)
             if chunk:
@@ -199,18 +240,6 @@ def _supervise(pid, err_r, master):
         code, what, why, hint = rec
         raise SandboxError(what, why, hint, code)
     return status
-
-
-def _poll(pid):
-    try:
-        wpid, st = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return 125
-    if wpid == 0:
-        return None
-    if os.WIFSIGNALED(st):
-        return 128 + os.WTERMSIG(st)
-    return os.WEXITSTATUS(st)
 
 
 class _Terminal:

@@ -1,8 +1,8 @@
 """The launchers under test and the command line each one gets.
 
 Every launcher runs the same command in the same small rootfs, with the same
-namespaces (user when rootless, mount, pid, uts, ipc, cgroup; the network is
-shared as gpusandbox shares it by default), a read-only root, fresh /proc,
+namespaces (user when rootless, mount, pid, uts, ipc, cgroup; the host's
+network, which a root gpusandbox launch shares only with --net host), a read-only root, fresh /proc,
 /dev, /tmp and /run, read-only /sys, and the same number of bind mounts as a
 gpusandbox launch with two GPUs."""
 import json
@@ -55,6 +55,8 @@ def gpusandbox(exe, mode, gpus, sim, image):
 
     def make(_i, cmd):
         argv = [exe, "run"]
+        if mode == "root":
+            argv += ["--net", "host"]     # the same namespaces as every other row
         if gpus is not None:
             argv += ["--driver-root", sim, "--gpus", gpus]
         return argv + [image, *cmd]

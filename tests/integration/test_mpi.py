@@ -152,8 +152,11 @@ def mpi_bed(cli, workdir_base):
 @pytest.mark.parametrize("mode", ["root", "rootless"])
 def test_mpi_hello_world_across_two_sandboxed_ranks(mpi_bed, mode, test_user):
     user = test_user if mode == "rootless" else None
+    # Ranks talk TCP (btl tcp): a root command gets a private network namespace
+    # per sandbox unless --net host; rootless ones share the host's by default.
+    net = ["--net", "host"] if mode == "root" else []
     r = mpi_bed.srun(["--mpi=pmix", "--ntasks=2", "--label",
-                      mpi_bed.cli, "run", mpi_bed.image, "/hello"],
+                      mpi_bed.cli, "run", *net, mpi_bed.image, "/hello"],
                      env={"OMPI_MCA_btl": "self,tcp"}, user=user, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()

@@ -63,7 +63,7 @@ class Fake:
             if "cgroup.procs" in files:
                 open(os.path.join(top, "cgroup.procs"), "w").close()
 
-    def attach(self, h, pdir, rules, best_effort):
+    def attach(self, h, pdir, rules):
         self.attached.append((h.path, pdir, rules))
         h.filter = "bpf"
         h.note("device filter: BPF program id 1 attached")
