@@ -81,7 +81,7 @@ def _job_binds(env):
 
 
 class LaunchPlan:
-    __slots__ = ("spec", "rootfs", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
+    __slots__ = ("spec", "rootfs", "rootfd", "root_id", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings")
@@ -95,40 +95,130 @@ class LaunchPlan:
         self.seccomp = None
 
 
-def _image_root(image):
-    """IMAGE_DIR is a rootfs, or an OCI bundle (config.json + rootfs/)."""
+def container_path(path):
+    """A container path in lexical normal form: absolute, no `.`/`..`/empty
+    components, `..` above / staying at / (as runc cleans destinations).
+    The init then never meets `..` on a path it creates (see mounts.py)."""
+    out = []
+    for comp in path.split("/"):
+        if comp in ("", "."):
+            continue
+        if comp == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(comp)
+    return "/" + "/".join(out)
+
+
+_DIR_PATH = k.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_image_dir(image):
+    """O_PATH fd of IMAGE_DIR: the parent as the caller names it, the last
+    component without following a symlink (an owner of the parent who swaps
+    IMAGE_DIR for a symlink gets a refusal, not the symlink's target)."""
+    path = image.rstrip("/") or "/"
+    parent, name = os.path.split(path)
     try:
-        st = os.stat(image)
+        if not name:
+            return os.open("/", _DIR_PATH)
+        pfd = os.open(parent or ".", k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return os.open(name, _DIR_PATH, dir_fd=pfd)
+        finally:
+            os.close(pfd)
     except FileNotFoundError:
         raise UsageError(f"image directory not found: {image}", None,
                          "pass a directory holding a root filesystem "
                          "(e.g. from 'docker export' or debootstrap)") from None
     except OSError as e:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise UsageError(f"image directory {image} is a symlink",
+                             "IMAGE_DIR is opened without following it",
+                             "pass the directory it points to (realpath)") from None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"image is not a directory: {image}", None,
+                             "IMAGE_DIR must be an unpacked root filesystem directory, "
+                             "not a file") from None
         raise UsageError(f"cannot access image directory {image}", e.strerror, None) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"image is not a directory: {image}", None,
-                         "IMAGE_DIR must be an unpacked root filesystem directory, not a file")
-    image = os.path.abspath(image)
-    bundle_root = os.path.join(image, "rootfs")
-    config = None
-    # A bundle's rootfs/ must be a real directory: a symlink there would let
-    # the image name any host directory as the root to mount.
+
+
+def _bundle(imgfd, image):
+    """(rootfs fd, config.json bytes) when IMAGE_DIR is an OCI bundle, else None.
+
+    Everything is looked up relative to IMAGE_DIR's fd without following a
+    symlink: rootfs/ must be a real directory (a symlink would name a host
+    directory as the root) and config.json a regular file (a symlink is
+    refused: following it would tell the image's owner whether a host path
+    exists)."""
     try:
-        is_bundle = stat.S_ISDIR(os.lstat(bundle_root).st_mode) and \
-            os.path.isfile(os.path.join(image, "config.json"))
+        rfd = os.open("rootfs", _DIR_PATH, dir_fd=imgfd)
     except OSError:
-        is_bundle = False
-    if is_bundle:
-        config = k.read_in_root(image, "config.json", 4 << 20)
-        image = bundle_root
-    if not any(os.path.isdir(os.path.join(image, d)) for d in ("bin", "usr/bin", "sbin")):
-        raise UsageError(f"{image} does not look like a root filesystem",
+        return None
+    try:
+        try:
+            st = os.stat("config.json", dir_fd=imgfd, follow_symlinks=False)
+        except OSError:
+            os.close(rfd)
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            raise UsageError(f"invalid OCI bundle {image}", "its config.json is a symlink",
+                             "make config.json a regular file in the bundle")
+        if not stat.S_ISREG(st.st_mode):
+            os.close(rfd)
+            return None
+        config = k.read_in_root(imgfd, "config.json", 4 << 20,
+                                resolve=k.RESOLVE_BENEATH | k.RESOLVE_NO_SYMLINKS
+                                | k.RESOLVE_NO_MAGICLINKS)
+        if config is None:
+            raise UsageError(f"invalid OCI bundle {image}",
+                             "its config.json changed while it was read", None)
+        return rfd, config
+    except BaseException:
+        os.close(rfd)
+        raise
+
+
+def _image_root(image):
+    """IMAGE_DIR is a rootfs, or an OCI bundle (config.json + rootfs/).
+
+    Returns (display path, O_PATH fd of the root, config bytes or None).  The
+    fd is the only way the launcher and the init reach the image afterwards:
+    a directory swapped for a symlink after this point changes nothing."""
+    imgfd = _open_image_dir(image)
+    display = os.path.abspath(image)
+    try:
+        found = _bundle(imgfd, image)
+    except BaseException:
+        os.close(imgfd)
+        raise
+    config = None
+    if found is not None:
+        os.close(imgfd)
+        imgfd, config = found
+        display = os.path.join(display, "rootfs")
+    ok = False
+    for d in ("bin", "usr/bin", "sbin"):
+        try:
+            os.close(k.openat2(imgfd, d, k.O_PATH | os.O_DIRECTORY))
+            ok = True
+            break
+        except OSError:
+            pass
+    if not ok:
+        os.close(imgfd)
+        raise UsageError(f"{display} does not look like a root filesystem",
                          "it has no /bin, /usr/bin or /sbin",
                          "point IMAGE_DIR at the top of an unpacked image")
-    return image, config
+    return display, imgfd, config
 
 
-def _image_env(rootfs, config):
+def _image_env(rootfs, config, rootfd):
     """(env items, workdir) from the bundle's config.json or /etc/environment."""
     if config is not None:
         import json
@@ -144,7 +234,7 @@ def _image_env(rootfs, config):
         except (ValueError, AttributeError):
             raise UsageError(f"invalid OCI config.json next to {rootfs}", "not a JSON object",
                              "fix the bundle's config.json or point at its rootfs/") from None
-    text = k.read_in_root(rootfs, "/etc/environment", 1 << 20)
+    text = k.read_in_root(rootfd, "/etc/environment", 1 << 20)
     if not text:
         return [], None
     try:
@@ -225,7 +315,7 @@ def _check_binds(spec):
             raise UsageError(f"cannot access bind source {b.src}", e.strerror, None) from None
 
 
-def _gpu(plan, spec, rootfs, image_env, host_env):
+def _gpu(plan, spec, rootfd, image_env, host_env):
     """GPU discovery, selection and injection, only when this launch asks."""
     gpus = spec.gpus
     if gpus is None and not host_env.get("NVIDIA_VISIBLE_DEVICES") \
@@ -247,11 +337,12 @@ def _gpu(plan, spec, rootfs, image_env, host_env):
     if sel is None:
         return {}
     from .gpu import require
-    warn = require.check(dict(image_env), rootfs, host, None, host_env,
+    warn = require.check(dict(image_env), rootfd, host, None, host_env,
                          gpus=sel.node_gpus(), no_require=spec.no_require)
     if warn:
         plan.warnings.append(warn)
-    edits = inject.build_edits(host, sel, rootfs, host_env)
+    edits = inject.build_edits(host, sel, rootfd, host_env,
+                               private=spec.rootfs_mode == "rw", notes=plan.notes)
     plan.edits.extend(edits)
     plan.device_rules = inject.device_rules(host, sel)
     return edits.env
@@ -282,28 +373,61 @@ def _devices(plan, spec):
     plan.device_rules = rules
 
 
+def _root_identity(plan):
+    """What the init needs to find the held root again in its own mount
+    namespace (mount calls refuse a mount of another namespace): the path
+    the kernel gives for the fd, and the inode it must lead to."""
+    st = os.fstat(plan.rootfd)
+    try:
+        path = os.readlink(f"/proc/self/fd/{plan.rootfd}")
+    except OSError:
+        path = ""
+    if not path.startswith("/") or path.endswith(" (deleted)"):
+        raise UsageError(f"image directory {plan.rootfs}", "it has no reachable path "
+                         "(removed, or outside this process's root)", None)
+    plan.root_id = (path, st.st_dev, st.st_ino)
+
+
 def build(spec, host_env=None):
     host_env = os.environ if host_env is None else host_env
     plan = LaunchPlan(spec)
-    rootfs, config = _image_root(spec.image)
-    plan.rootfs = rootfs
+    plan.rootfs, plan.rootfd, config = _image_root(spec.image)
+    _root_identity(plan)
+    rootfd = plan.rootfd
     _identity(plan, spec)
     _check_binds(spec)
-    image_env, image_cwd = _image_env(rootfs, config)
-    gpu_env = _gpu(plan, spec, rootfs, image_env, host_env)
+    image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
+    gpu_env = _gpu(plan, spec, rootfd, image_env, host_env)
     _devices(plan, spec)
-    passwd = k.read_in_root(rootfs, "/etc/passwd", 4 << 20)
+    passwd = k.read_in_root(rootfd, "/etc/passwd", 4 << 20)
     home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
                               plan.cmd_uid)
     term = host_env.get("TERM", "xterm") if spec.tty else None
     plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term)
     plan.argv = spec.argv
-    plan.workdir = spec.workdir or image_cwd or "/"
+    # Container paths are normalised lexically here, so no `..` reaches the
+    # init (where a `..` walk would start from the image on the host).
+    plan.workdir = container_path(spec.workdir or image_cwd or "/")
     plan.hostname = spec.hostname or "gpusandbox"
     plan.keep_fds = _job_fds(plan.env)
     plan.binds = _job_binds(plan.env) + spec.binds
+    _normalise_paths(plan)
     plan.points, plan.links = mount_points(plan)
     if spec.seccomp != "unconfined":
         from .linux import seccomp
         plan.seccomp = seccomp.compile_profile(spec.seccomp)
     return plan
+
+
+def _normalise_paths(plan):
+    for b in plan.binds:
+        b.dst = container_path(b.dst)
+    e = plan.edits
+    for item in e.device_nodes + e.mounts + e.symlinks + e.files + e.tmpfs:
+        item.path = container_path(item.path)
+    if plan.spec.rootfs_mode == "rw" and e.mounts:
+        # --rw: GPU binaries live on our own /run tmpfs (see gpu/inject.py).
+        from .gpu.inject import PRIVATE_BIN
+        if any(m.path.startswith(PRIVATE_BIN + "/") for m in e.mounts):
+            path = plan.env.get("PATH") or ""
+            plan.env["PATH"] = PRIVATE_BIN + (":" + path if path else "")

@@ -193,7 +193,7 @@ def requirements(image_env, image_root):
                                 "or NVIDIA_DISABLE_REQUIRE=true to skip the check")
         reqs.append((f"CUDA_VERSION={legacy}", f"cuda>={int(parts[0])}.{int(parts[1])}"))
         return reqs
-    if image_root:
+    if image_root is not None:
         carried = image_cuda_version(image_root)
         if carried:
             (major, minor), where = carried
@@ -203,20 +203,8 @@ def requirements(image_env, image_root):
 
 
 def _listdir_in_root(root, path):
-    """Names in a directory of the image, resolved inside the image root."""
-    rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fd = lsys.openat2(rootfd, path.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return []
-    finally:
-        os.close(rootfd)
-    try:
-        return os.listdir(fd)
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
+    """Names in a directory of the image (root: its held fd), resolved inside it."""
+    return lsys.listdir_in_root(root, path)
 
 
 def _cudart_version(name):
@@ -376,8 +364,9 @@ def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
           no_require=False):
     """Refuse a launch whose image needs more than the host offers.
 
-    image_env: the image's variables (dict); image_root: its root directory,
-    read only through read_in_root/openat2 (None: do not look at files).
+    image_env: the image's variables (dict); image_root: its root directory
+    (the launcher's held fd, or a path), read only through read_in_root/openat2
+    (None: do not look at files).
     ceiling: (major, minor) of the CUDA release the host driver supports, or
     a callable returning it or None (unknown); None asks the host's libcuda
     through gpusandbox.gpu.ceiling.  Either way it is computed only when a
