@@ -115,9 +115,11 @@ _DIR_PATH = k.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _open_image_dir(image):
-    """O_PATH fd of IMAGE_DIR: the parent as the caller names it, the last
-    component without following a symlink (an owner of the parent who swaps
-    IMAGE_DIR for a symlink gets a refusal, not the symlink's target)."""
+    """O_PATH fd of IMAGE_DIR, opened once.  The parent is resolved as the
+    caller names it; the last component is opened without following a
+    symlink, and a symlink there is followed only when it belongs to the
+    caller or to root: whoever else owns the parent could exchange IMAGE_DIR
+    with a symlink to a host directory at the moment it is opened."""
     path = image.rstrip("/") or "/"
     parent, name = os.path.split(path)
     try:
@@ -125,26 +127,37 @@ def _open_image_dir(image):
             return os.open("/", _DIR_PATH)
         pfd = os.open(parent or ".", k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            return os.open(name, _DIR_PATH, dir_fd=pfd)
+            fd = os.open(name, k.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISLNK(st.st_mode):
+                    if st.st_uid not in (0, os.geteuid()):
+                        raise UsageError(f"image directory {image} is a symlink owned by "
+                                         f"uid {st.st_uid}",
+                                         "only your own or root's symlinks are followed there",
+                                         "pass the directory it points to (realpath)")
+                    # The link's own inode is read, not the name again.
+                    target = os.readlink("", dir_fd=fd)
+                    return os.open(target, k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
+                                   dir_fd=pfd)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise UsageError(f"image is not a directory: {image}", None,
+                                     "IMAGE_DIR must be an unpacked root filesystem "
+                                     "directory, not a file")
+                return os.dup(fd)
+            finally:
+                os.close(fd)
         finally:
             os.close(pfd)
     except FileNotFoundError:
         raise UsageError(f"image directory not found: {image}", None,
                          "pass a directory holding a root filesystem "
                          "(e.g. from 'docker export' or debootstrap)") from None
+    except NotADirectoryError:
+        raise UsageError(f"image is not a directory: {image}", None,
+                         "IMAGE_DIR must be an unpacked root filesystem directory, "
+                         "not a file") from None
     except OSError as e:
-        try:
-            st = os.lstat(path)
-        except OSError:
-            st = None
-        if st is not None and stat.S_ISLNK(st.st_mode):
-            raise UsageError(f"image directory {image} is a symlink",
-                             "IMAGE_DIR is opened without following it",
-                             "pass the directory it points to (realpath)") from None
-        if st is not None and not stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"image is not a directory: {image}", None,
-                             "IMAGE_DIR must be an unpacked root filesystem directory, "
-                             "not a file") from None
         raise UsageError(f"cannot access image directory {image}", e.strerror, None) from None
 
 

@@ -28,6 +28,9 @@ while True:
 """
 
 
+NOBODY = 65534
+
+
 def make_rootfs(path):
     subprocess.run([str(REPO / "scripts" / "mkrootfs"), str(path), "--no-python"],
                    check=True, capture_output=True)
@@ -68,6 +71,10 @@ def _swap_setup(shared_tmp, evil, what):
         return bundle, "rootfs", "decoy", str(bundle)
     make_rootfs(top / "img")
     os.symlink(str(evil), top / "decoy")
+    # The attacker is neither root nor the caller (whose own symlinks at
+    # IMAGE_DIR are followed).
+    os.lchown(top / "decoy", NOBODY, NOBODY)
+    os.lchown(top, NOBODY, NOBODY)
     return top, "img", "decoy", str(top / "img")
 
 
@@ -265,3 +272,21 @@ def test_rw_gpu_run_changes_only_what_the_command_wrote(runner, small_rootfs, si
     changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
     assert changed == {"written.txt"}, sorted(changed)
     assert (small_rootfs / "written.txt").read_text() == "hello\n"
+
+
+# --- IMAGE_DIR given as a symlink --------------------------------------------------
+
+def test_image_dir_symlink_followed_only_when_trusted(runner, small_rootfs, shared_tmp):
+    """The caller's own (or root's) symlink at IMAGE_DIR is followed; one
+    owned by anyone else is refused, since its owner could swap it in."""
+    mine = shared_tmp / "mine"
+    os.symlink(str(small_rootfs), mine)
+    os.lchown(mine, runner.uid, runner.gid)
+    r = runner.run([str(mine), "true"])
+    assert r.returncode == 0, r.stderr
+    theirs = shared_tmp / "theirs"
+    os.symlink(str(small_rootfs), theirs)
+    os.lchown(theirs, NOBODY, NOBODY)
+    r = runner.run([str(theirs), "true"])
+    assert r.returncode == 125, r.stderr
+    assert "is a symlink owned by uid" in r.stderr and len(r.stderr.splitlines()) == 2, r.stderr
