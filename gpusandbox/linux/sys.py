@@ -164,12 +164,18 @@ AT_FDCWD = -100
 
 def openat2(dirfd, path, flags, mode=0, resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS):
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
-    res = _syscall(ctypes.c_long(nr("openat2")), ctypes.c_int(dirfd), _b(path),
-                   ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
-    if res == -1:
+    # With RESOLVE_IN_ROOT/BENEATH the kernel answers EAGAIN when a rename or
+    # a mount anywhere raced a `..` step, and asks the caller to retry
+    # (openat2(2)); a bounded retry keeps a busy host from failing a launch.
+    for _ in range(64):
+        res = _syscall(ctypes.c_long(nr("openat2")), ctypes.c_int(dirfd), _b(path),
+                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        if res != -1:
+            return res
         e = ctypes.get_errno()
-        raise OSError(e, f"openat2({path}) failed: {os.strerror(e)}", path)
-    return res
+        if e != 11 or not resolve & (RESOLVE_IN_ROOT | RESOLVE_BENEATH):
+            break
+    raise OSError(e, f"openat2({path}) failed: {os.strerror(e)}", path)
 
 
 def _root_fd(root):
