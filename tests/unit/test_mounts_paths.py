@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from gpusandbox import plan
+from gpusandbox import imageroot
 from gpusandbox.errors import UsageError
 from gpusandbox.linux import mounts as m
 from gpusandbox.linux import sys as k
@@ -27,7 +27,7 @@ def tree():
     ("/a/b/../../..", "/"),
 ])
 def test_container_path_is_lexical_and_clamped_at_root(raw, want):
-    assert plan.container_path(raw) == want
+    assert imageroot.container_path(raw) == want
 
 
 def _dirfd(path):
@@ -86,7 +86,7 @@ def _rootfs(path):
 
 def test_image_root_holds_a_directory_fd(tree):
     _rootfs(tree)
-    display, fd, config = plan._image_root(tree)
+    display, fd, config = imageroot.image_root(tree)
     try:
         assert display == tree and config is None
         assert os.path.samestat(os.fstat(fd), os.stat(tree))
@@ -109,7 +109,7 @@ def test_bundle_config_symlink_refused_without_looking(tree, target_exists):
     _rootfs(os.path.join(bundle, "rootfs"))
     os.symlink(secret, os.path.join(bundle, "config.json"))
     with pytest.raises(UsageError) as e:
-        plan._image_root(bundle)
+        imageroot.image_root(bundle)
     assert e.value.line() == f"invalid OCI bundle {bundle}: its config.json is a symlink"
 
 
@@ -118,7 +118,7 @@ def test_bundle_reads_config_through_the_fd(tree):
     _rootfs(os.path.join(bundle, "rootfs"))
     with open(os.path.join(bundle, "config.json"), "w") as f:
         f.write('{"process": {"cwd": "/w"}}')
-    display, fd, config = plan._image_root(bundle)
+    display, fd, config = imageroot.image_root(bundle)
     try:
         assert display == os.path.join(bundle, "rootfs")
         assert b'"/w"' in config
