@@ -455,8 +455,12 @@ def load_image(image_dir):
     the launcher ignores) and its process.env, else the directory and its
     /etc/environment."""
     from gpusandbox import plan
-    root, config = plan._image_root(image_dir)
-    items, _cwd = plan._image_env(root, config)
+    from gpusandbox.imageroot import image_root
+    root, rootfd, config = image_root(image_dir)
+    try:
+        items, _cwd = plan._image_env(root, config, rootfd)
+    finally:
+        os.close(rootfd)
     return root, dict(items)
 
 

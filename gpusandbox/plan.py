@@ -9,6 +9,7 @@ import stat
 from . import environ as envmod
 from .edits import ContainerEdits
 from .errors import SandboxError, UsageError
+from .imageroot import container_path, image_root, root_identity
 from .linux import sys as k
 
 STD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -87,7 +88,7 @@ def _job_binds(host_env):
 
 
 class LaunchPlan:
-    __slots__ = ("spec", "rootfs", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
+    __slots__ = ("spec", "rootfs", "rootfd", "root_id", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
@@ -103,39 +104,6 @@ class LaunchPlan:
         # Set by the launcher: the sandbox starts in a cgroup2 leaf of its own,
         # which init then shows at /sys/fs/cgroup.
         self.own_cgroup = False
-
-
-def _image_root(image):
-    """IMAGE_DIR is a rootfs, or an OCI bundle (config.json + rootfs/)."""
-    try:
-        st = os.stat(image)
-    except FileNotFoundError:
-        raise UsageError(f"image directory not found: {image}", None,
-                         "pass a directory holding a root filesystem "
-                         "(e.g. from 'docker export' or debootstrap)") from None
-    except OSError as e:
-        raise UsageError(f"cannot access image directory {image}", e.strerror, None) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"image is not a directory: {image}", None,
-                         "IMAGE_DIR must be an unpacked root filesystem directory, not a file")
-    image = os.path.abspath(image)
-    bundle_root = os.path.join(image, "rootfs")
-    config = None
-    # A bundle's rootfs/ must be a real directory: a symlink there would let
-    # the image name any host directory as the root to mount.
-    try:
-        is_bundle = stat.S_ISDIR(os.lstat(bundle_root).st_mode) and \
-            os.path.isfile(os.path.join(image, "config.json"))
-    except OSError:
-        is_bundle = False
-    if is_bundle:
-        config = k.read_in_root(image, "config.json", 4 << 20)
-        image = bundle_root
-    if not any(os.path.isdir(os.path.join(image, d)) for d in ("bin", "usr/bin", "sbin")):
-        raise UsageError(f"{image} does not look like a root filesystem",
-                         "it has no /bin, /usr/bin or /sbin",
-                         "point IMAGE_DIR at the top of an unpacked image")
-    return image, config
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
@@ -181,11 +149,11 @@ def _config_env(config, rootfs):
     return items, cwd if cwd and cwd.startswith("/") else None
 
 
-def _image_env(rootfs, config):
+def _image_env(rootfs, config, rootfd):
     """(env items, workdir) from the bundle's config.json or /etc/environment."""
     if config is not None:
         return _config_env(config, rootfs)
-    text = k.read_in_root(rootfs, "/etc/environment", 1 << 20)
+    text = k.read_in_root(rootfd, "/etc/environment", 1 << 20)
     if not text:
         return [], None
     try:
@@ -298,7 +266,7 @@ def _check_binds(spec):
             raise UsageError(f"cannot access bind source {b.src}", e.strerror, None) from None
 
 
-def _gpu(plan, spec, rootfs, req_env, host_env):
+def _gpu(plan, spec, rootfd, req_env, host_env):
     """GPU discovery, selection and injection, only when this launch asks.
 
     Selection, discovery and injection read only the caller's environment
@@ -326,11 +294,12 @@ def _gpu(plan, spec, rootfs, req_env, host_env):
     if sel is None:
         return {}
     from .gpu import require
-    warn = require.check(req_env, rootfs, host, None, host_env,
+    warn = require.check(req_env, rootfd, host, None, host_env,
                          gpus=sel.node_gpus(), no_require=spec.no_require)
     if warn:
         plan.warnings.append(warn)
-    edits = inject.build_edits(host, sel, rootfs, host_env)
+    edits = inject.build_edits(host, sel, rootfd, host_env,
+                               private=spec.rootfs_mode == "rw", notes=plan.notes)
     missing = inject.warning(inject.plan(host, sel))
     if missing:
         plan.warnings.append(missing)
@@ -367,28 +336,46 @@ def _devices(plan, spec):
 def build(spec, host_env=None):
     host_env = os.environ if host_env is None else host_env
     plan = LaunchPlan(spec)
-    rootfs, config = _image_root(spec.image)
-    plan.rootfs = rootfs
+    plan.rootfs, plan.rootfd, config = image_root(spec.image)
+    plan.root_id = root_identity(plan.rootfd, plan.rootfs)
+    rootfd = plan.rootfd
     _identity(plan, spec, host_env)
     _check_binds(spec)
-    image_env, image_cwd = _image_env(rootfs, config)
+    image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)
-    gpu_env = _gpu(plan, spec, rootfs, dict(image_env + user_env), host_env)
+    gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
     _devices(plan, spec)
-    passwd = k.read_in_root(rootfs, "/etc/passwd", 4 << 20)
+    passwd = k.read_in_root(rootfd, "/etc/passwd", 4 << 20)
     home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
                               plan.cmd_uid)
     term = host_env.get("TERM", "xterm") if spec.tty else None
     plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term, user_env)
     plan.argv = spec.argv
-    plan.workdir = spec.workdir or image_cwd or "/"
+    # Container paths are normalised lexically here, so no `..` reaches the
+    # init (where a `..` walk would start from the image on the host).
+    plan.workdir = container_path(spec.workdir or image_cwd or "/")
     plan.hostname = spec.hostname or "gpusandbox"
     # Host-side choices (kept fds, binds) read the caller's environment only,
     # never plan.env, which holds the image's rows.
     plan.keep_fds = _job_fds(host_env)
     plan.binds = _job_binds(host_env) + spec.binds
+    _normalise_paths(plan)
     plan.points, plan.links = mount_points(plan)
     if spec.seccomp != "unconfined":
         from .linux import seccomp
         plan.seccomp = seccomp.compile_profile(spec.seccomp)
     return plan
+
+
+def _normalise_paths(plan):
+    for b in plan.binds:
+        b.dst = container_path(b.dst)
+    e = plan.edits
+    for item in e.device_nodes + e.mounts + e.symlinks + e.files + e.tmpfs:
+        item.path = container_path(item.path)
+    if plan.spec.rootfs_mode == "rw" and e.mounts:
+        # --rw: GPU binaries live on our own /run tmpfs (see gpu/inject.py).
+        from .gpu.inject import PRIVATE_BIN
+        if any(m.path.startswith(PRIVATE_BIN + "/") for m in e.mounts):
+            path = plan.env.get("PATH") or ""
+            plan.env["PATH"] = PRIVATE_BIN + (":" + path if path else "")

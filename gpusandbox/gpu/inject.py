@@ -13,7 +13,7 @@ from gpusandbox.edits import ContainerEdits, DeviceNode, File, Mount, Symlink, T
 from gpusandbox.errors import GpuError
 from gpusandbox.gpu import ldcache
 from gpusandbox.gpu.discover import CAP_BINS, CAP_LIBS, IMPLIES
-from gpusandbox.linux.sys import read_file, read_in_root
+from gpusandbox.linux.sys import kind_in_root, read_file, read_in_root
 
 RO = ("ro", "nosuid", "nodev")
 RO_PROC = ("ro", "nosuid", "nodev", "noexec")
@@ -45,6 +45,22 @@ _SONAME_MAJOR = {"libGLX_nvidia": "0", "libEGL_nvidia": "0", "libGLESv2_nvidia":
                  "libnvidia-nvvm": "4", "libnvidia-nscq": "2"}
 _LIBDIRS = {"x86_64": ("x86_64-linux-gnu", "/usr/lib64"),
             "aarch64": ("aarch64-linux-gnu", "/usr/lib64")}
+# With --rw the image itself is the root: nothing may be created or replaced
+# in it.  Libraries, their links and binaries then go to this directory on the
+# sandbox's own /run tmpfs (the regenerated ld.so.cache lists it; PATH gets
+# the bin directory); other driver files are bound only over paths the image
+# already has.
+PRIVATE = "/run/gpusandbox"
+PRIVATE_BIN = PRIVATE + "/bin"
+# The sandbox's own filesystems (plan.OWN_FS): mount points there never touch the image.
+_OWN_FS = ("/proc/", "/sys/", "/dev/", "/tmp/", "/run/")
+
+
+def _lacks(kind, host_path):
+    """Whether the image lacks a mount point of the host file's kind."""
+    if kind is None:
+        return True
+    return (kind == "dir") != os.path.isdir(host_path)
 
 
 class Injection:
@@ -251,8 +267,11 @@ def _image_cache(image_root):
         return []
 
 
-def build_edits(host, sel, image_root, environ=None):
-    """ContainerEdits that give the image the selection."""
+def build_edits(host, sel, image_root, environ=None, private=False, notes=None):
+    """ContainerEdits that give the image the selection.
+
+    image_root: the image's held root fd (or a path).  private: the image is
+    written through (--rw); see PRIVATE."""
     inj = plan(host, sel)
     edits = ContainerEdits()
     for n in inj.nodes:
@@ -262,6 +281,15 @@ def build_edits(host, sel, image_root, environ=None):
     debian = read_in_root(image_root, "/etc/debian_version", limit=4096) is not None
     libdir = {64: f"/usr/lib/{multiarch}" if debian else other64,
               32: "/usr/lib/i386-linux-gnu" if debian else "/usr/lib"}
+    bindir = "/usr/bin"
+    if private:
+        libdir = {64: PRIVATE + "/lib", 32: PRIVATE + "/lib32"}
+        bindir = PRIVATE_BIN
+        if kind_in_root(image_root, "/etc/ld.so.cache") != "file":
+            raise GpuError("--rw with GPUs", "the image has no /etc/ld.so.cache to place "
+                           "the driver's loader cache over",
+                           hint="run ldconfig in the image once, or drop --rw "
+                                "(the default overlay leaves the image untouched)")
     entries, links = [], {}
     for lib in inj.libs:
         d = libdir[lib.bits]
@@ -287,11 +315,21 @@ def build_edits(host, sel, image_root, environ=None):
         entries.append(ldcache.Entry(soname.encode(), f"{d}/{soname}".encode(), lib.flags))
     edits.symlinks += [Symlink(p, t) for p, t in links.items()]
     for name, host_path in inj.bins:
-        edits.mounts.append(Mount(host_path, f"/usr/bin/{name}", RO))
-    for host_path in inj.firmware:
-        edits.mounts.append(Mount(host_path, f"/lib/firmware/nvidia/{host.version}/"
-                                             f"{os.path.basename(host_path)}", RO))
-    for cpath, host_path, opts in inj.configs + inj.ipc:
+        edits.mounts.append(Mount(host_path, f"{bindir}/{name}", RO))
+    others = [(host_path, f"/lib/firmware/nvidia/{host.version}/{os.path.basename(host_path)}",
+               RO) for host_path in inj.firmware]
+    others += [(host_path, cpath, opts) for cpath, host_path, opts in inj.configs + inj.ipc]
+    for host_path, cpath, opts in others:
+        if private and cpath.startswith("/var/run/"):
+            # Every current distribution links /var/run to /run, which is
+            # the sandbox's own tmpfs: the socket needs nothing in the image.
+            cpath = cpath[4:]
+        if private and not cpath.startswith(_OWN_FS) and \
+                _lacks(kind_in_root(image_root, cpath), host_path):
+            if notes is not None:
+                notes.append(f"--rw: {cpath} is not in the image; not injected "
+                             "(the image is never modified for GPU files)")
+            continue
         edits.mounts.append(Mount(host_path, cpath, opts))
 
     # The image's own entries for the injected names would shadow the host

@@ -208,7 +208,7 @@ def requirements(image_env, image_root):
                                 "or NVIDIA_DISABLE_REQUIRE=true to skip the check")
         reqs.append((f"CUDA_VERSION={short(legacy)[1:-1]}", f"cuda>={major}.{minor}"))
         return reqs
-    if image_root:
+    if image_root is not None:
         carried = image_cuda_version(image_root)
         if carried:
             (major, minor), where = carried
@@ -229,15 +229,17 @@ class _Scan:
 
 
 def _listdir_in_root(root, path, scan=None):
-    """Names in a directory of the image, resolved inside the image root;
+    """Names in a directory of the image (root: its held fd), resolved inside it;
     at most _MAX_NAMES_PER_DIR of them, none of a directory `scan` has seen."""
-    rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    rootfd, owned = lsys.tree_fd(root)
     try:
-        fd = lsys.openat2(rootfd, path.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY)
+        fd = lsys.openat2(rootfd, path.lstrip("/"),
+                          os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
     except OSError:
         return []
     finally:
-        os.close(rootfd)
+        if owned:
+            os.close(rootfd)
     try:
         return _names(fd, scan or _Scan())
     except OSError:
@@ -436,8 +438,9 @@ def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
           no_require=False):
     """Refuse a launch whose image needs more than the host offers.
 
-    image_env: the image's variables (dict); image_root: its root directory,
-    read only through read_in_root/openat2 (None: do not look at files).
+    image_env: the image's variables (dict); image_root: its root directory
+    (the launcher's held fd, or a path), read only through read_in_root/openat2
+    (None: do not look at files).
     ceiling: (major, minor) of the CUDA release the host driver supports, or
     a callable returning it or None (unknown); None asks the host's libcuda
     through gpusandbox.gpu.ceiling.  Either way it is computed only when a

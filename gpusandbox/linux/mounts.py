@@ -72,7 +72,17 @@ def open_target(rootfd, path, kind="dir", create=True, strict=False):
     return fd
 
 
+def _check_name(name, path):
+    """A single directory entry name: never `.`, `..`, empty or with a `/`.
+    O_NOFOLLOW does not stop `..`, and before the pivot the parent of the
+    image's root is the host: a walk must never be able to climb."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise MountError(errno.EINVAL, f"invalid path {path} in the root: "
+                         f"component {name!r} is not a plain name")
+
+
 def _create(dirfd, name, kind, path):
+    _check_name(name, path)
     try:
         if kind == "dir":
             os.mkdir(name, 0o755, dir_fd=dirfd)
@@ -88,8 +98,12 @@ def _create(dirfd, name, kind, path):
 
 def _walk_create(basefd, comps, modes_fd=None):
     """O_PATH fd of base/comps, creating missing directories one component at
-    a time; O_NOFOLLOW on every step, so no step can leave `base`.  Modes are
-    copied from the same path under `modes_fd` when given (the image)."""
+    a time.  Every component must be a plain name (no `..`), and each step is
+    opened with openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS) relative to the
+    previous one, so no step can leave `base`.  Modes are copied from the same
+    path under `modes_fd` when given (the image)."""
+    for comp in comps:
+        _check_name(comp, "/" + "/".join(comps))
     fd = os.dup(basefd)
     try:
         for i, comp in enumerate(comps):
@@ -107,8 +121,7 @@ def _walk_create(basefd, comps, modes_fd=None):
                 raise MountError(e.errno, f"cannot create /{'/'.join(comps[:i + 1])} in the "
                                  f"root: {os.strerror(e.errno)}") from None
             try:
-                nfd = os.open(comp, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              dir_fd=fd)
+                nfd = _open(fd, comp, os.O_DIRECTORY, _RES_STRICT)
             except OSError as e:
                 raise MountError(e.errno, f"/{'/'.join(comps[:i + 1])} changed while the "
                                  "sandbox was being set up") from None
@@ -197,6 +210,11 @@ def _canonical(lowerfd, path, max_links=40, follow=True):
         try:
             st = os.lstat(rel, dir_fd=lowerfd)
         except FileNotFoundError:
+            if ".." in todo:
+                # The kernel would not resolve `missing/..` either; a walk
+                # that creates `missing` and then climbs must never happen.
+                raise MountError(errno.ENOENT, f"{path} does not resolve in the image "
+                                 "(`..` after a missing component)") from None
             return cur, [comp] + todo
         except NotADirectoryError:
             raise MountError(errno.ENOTDIR, f"a component of {path} in the image is "

@@ -164,36 +164,59 @@ AT_FDCWD = -100
 
 def openat2(dirfd, path, flags, mode=0, resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS):
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
-    res = _syscall(ctypes.c_long(nr("openat2")), ctypes.c_int(dirfd), _b(path),
-                   ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
-    if res == -1:
+    # With RESOLVE_IN_ROOT/BENEATH the kernel answers EAGAIN when a rename or
+    # a mount anywhere raced a `..` step, and asks the caller to retry
+    # (openat2(2)); a bounded retry keeps a busy host from failing a launch.
+    for _ in range(64):
+        res = _syscall(ctypes.c_long(nr("openat2")), ctypes.c_int(dirfd), _b(path),
+                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        if res != -1:
+            return res
         e = ctypes.get_errno()
-        raise OSError(e, f"openat2({path}) failed: {os.strerror(e)}", path)
-    return res
+        if e != 11 or not resolve & (RESOLVE_IN_ROOT | RESOLVE_BENEATH):
+            break
+    raise OSError(e, f"openat2({path}) failed: {os.strerror(e)}", path)
 
 
-def read_in_root(root, path, limit=64 << 20):
+def tree_fd(root):
+    """(fd, owned): an int is a held directory fd of the tree, used as is; a
+    str is opened here (doctor and tests; the launcher always holds an fd)."""
+    if isinstance(root, int):
+        return root, False
+    return os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), True
+
+
+def read_in_root(root, path, limit=64 << 20,
+                 resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS):
     """Read a file of an untrusted tree (an image) from the host side.
 
-    The path is resolved with the tree as its root (RESOLVE_IN_ROOT), so an
-    absolute or ../ symlink in the image stays inside it, and magic links
-    (/proc/self/...) are refused.  Only a regular file is read: the name is
-    first opened O_PATH and checked, then that same inode is reopened, so an
-    image cannot make the launcher open a FIFO (a hang) or a device node (a
-    side effect of open, as root).  Returns None when there is no such file."""
+    root: the tree's directory fd (or path).  The path is resolved with the
+    tree as its root (RESOLVE_IN_ROOT), so an absolute or ../ symlink in the
+    image stays inside it, and magic links (/proc/self/...) are refused.
+    Only a regular file is read: the name is first opened O_PATH and checked,
+    then that same inode is reopened, so an image cannot make the launcher
+    open a FIFO (a hang) or a device node (a side effect of open, as root).
+    The reopen is O_NONBLOCK: a write lease the image's owner holds on the
+    file is broken instead of stalling the launch (EWOULDBLOCK, reported).
+    Returns None when there is no such file."""
     import stat as _stat
-    rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    rootfd, owned = tree_fd(root)
     try:
         try:
-            pfd = openat2(rootfd, path.lstrip("/"), O_PATH)
+            pfd = openat2(rootfd, path.lstrip("/"), O_PATH, 0, resolve)
         except OSError as e:
-            if e.errno in (2, 20, 40):  # ENOENT, ENOTDIR, ELOOP
+            if e.errno in (2, 20, 40, 18):  # ENOENT, ENOTDIR, ELOOP, EXDEV
                 return None
             raise
         try:
             if not _stat.S_ISREG(os.fstat(pfd).st_mode):
                 return None
-            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK
+                             | os.O_NOCTTY | os.O_CLOEXEC)
+            except BlockingIOError:
+                raise OSError(11, f"the image's {path} is leased by another process "
+                                  "(fcntl F_SETLEASE); not waiting for it", path) from None
         finally:
             os.close(pfd)
         try:
@@ -208,7 +231,48 @@ def read_in_root(root, path, limit=64 << 20):
         finally:
             os.close(fd)
     finally:
-        os.close(rootfd)
+        if owned:
+            os.close(rootfd)
+
+
+def listdir_in_root(root, path):
+    """Names in a directory of an untrusted tree, resolved inside it; [] when
+    it is missing or not a directory."""
+    rootfd, owned = tree_fd(root)
+    try:
+        fd = openat2(rootfd, path.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+    except OSError:
+        return []
+    finally:
+        if owned:
+            os.close(rootfd)
+    try:
+        return os.listdir(fd)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+
+
+def kind_in_root(root, path):
+    """"dir", "file" (regular), "other", or None when `path` does not resolve
+    inside the tree."""
+    import stat as _stat
+    rootfd, owned = tree_fd(root)
+    try:
+        fd = openat2(rootfd, path.lstrip("/"), O_PATH)
+    except OSError:
+        return None
+    finally:
+        if owned:
+            os.close(rootfd)
+    try:
+        mode = os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
+    if _stat.S_ISDIR(mode):
+        return "dir"
+    return "file" if _stat.S_ISREG(mode) else "other"
 
 
 # --- prctl -----------------------------------------------------------------------

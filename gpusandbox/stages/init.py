@@ -71,40 +71,66 @@ def _unescape(field):
     return out.decode("utf-8", "surrogateescape")
 
 
+def _image_fd(plan):
+    """The image root the launcher holds (plan.rootfd), as a directory of this
+    mount namespace.  Mount calls refuse a mount of another namespace, so the
+    held fd cannot be used directly: its kernel path is walked again without
+    following any symlink, and the result must be the held inode, else the
+    launch fails.  A swap of IMAGE_DIR or rootfs/ after the plan therefore
+    gives a refusal, never another directory."""
+    path, dev, ino = plan.root_id
+    try:
+        fd = k.openat2(k.AT_FDCWD, path, k.O_PATH | os.O_DIRECTORY, 0,
+                       k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS)
+    except OSError as e:
+        raise m.MountError(e.errno, f"the image directory {plan.rootfs} changed while the "
+                           f"sandbox was being set up ({os.strerror(e.errno)})") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (dev, ino):
+        os.close(fd)
+        raise m.MountError(116, f"the image directory {plan.rootfs} was replaced while the "
+                           "sandbox was being set up")
+    os.close(plan.rootfd)
+    return fd
+
+
 def _rootfs(plan):
-    """The image's tree attached over its own path in this private mount
+    """The image's tree attached over its own directory in this private mount
     namespace: an overlay on a fresh tmpfs (default, --writable-tmpfs) or the
-    directory itself (--rw).  IMAGE_DIR on disk is only ever a lower layer."""
+    directory itself (--rw).  IMAGE_DIR on disk is only ever a lower layer.
+    The image is reached through its held fd only (see _image_fd); the
+    returned fd is the attached mount's own root."""
     attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
-    if plan.spec.rootfs_mode == "rw":
-        mnt = m.clone_tree(plan.rootfs, recursive=True)
-        m.restrict(mnt, ro=False)
-    else:
-        scratch = m.new_fs("tmpfs", ("mode=0755",), attrs)
-        os.mkdir("upper", 0o755, dir_fd=scratch)
-        os.mkdir("work", 0o755, dir_fd=scratch)
-        lower = os.open(plan.rootfs, k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        upper = os.open("upper", k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=scratch)
-        try:
-            m.prepare_upper(lower, upper, plan.points, plan.links)
-        finally:
-            os.close(lower)
-            os.close(upper)
-        top = f"/proc/self/fd/{scratch}"
-        # ':' separates lower layers in overlayfs' option syntax; escape it
-        # (and the escape character) so any directory name works.
-        lowerdir = plan.rootfs.replace("\\", "\\\\").replace(":", "\\:")
-        opts = [f"lowerdir={lowerdir}", f"upperdir={top}/upper", f"workdir={top}/work"]
-        if plan.userns != "host":
-            # trusted.* xattrs cannot be set in a user namespace (overlayfs docs).
-            opts.append("userxattr")
-        try:
-            mnt = m.new_fs("overlay", opts, attrs)
-        finally:
-            os.close(scratch)
-    target = os.open(plan.rootfs, k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    m.attach(mnt, target, f"attaching the root filesystem over {plan.rootfs}")
-    return os.open(plan.rootfs, k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    image = _image_fd(plan)
+    try:
+        if plan.spec.rootfs_mode == "rw":
+            mnt = m.clone_tree("", recursive=True, dirfd=image)
+            m.restrict(mnt, ro=False)
+        else:
+            scratch = m.new_fs("tmpfs", ("mode=0755",), attrs)
+            os.mkdir("upper", 0o755, dir_fd=scratch)
+            os.mkdir("work", 0o755, dir_fd=scratch)
+            upper = os.open("upper", k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=scratch)
+            try:
+                m.prepare_upper(image, upper, plan.points, plan.links)
+            finally:
+                os.close(upper)
+            top = f"/proc/self/fd/{scratch}"
+            opts = [f"lowerdir=/proc/self/fd/{image}", f"upperdir={top}/upper",
+                    f"workdir={top}/work"]
+            if plan.userns != "host":
+                # trusted.* xattrs cannot be set in a user namespace (overlayfs docs).
+                opts.append("userxattr")
+            try:
+                mnt = m.new_fs("overlay", opts, attrs)
+            finally:
+                os.close(scratch)
+        # After move_mount the detached mount's fd is the attached root.
+        root = os.dup(mnt)
+        m.attach(mnt, os.dup(image), f"attaching the root filesystem over {plan.rootfs}")
+    finally:
+        os.close(image)
+    return root
 
 
 def _system_mounts(plan, rootfd, src):
@@ -172,10 +198,17 @@ def _cgroup_view(rootfd):
 def _apply_edits(plan, rootfd, nodes, mounts):
     """GPU (or CDI) edits, in the order the edits module documents."""
     edits = plan.edits
-    tgt = m.open_target
-    # With an overlay the links already sit in its upper layer.
-    links = edits.symlinks if plan.spec.rootfs_mode == "rw" else [
-        ln for ln in edits.symlinks if ln.path.startswith(OWN_FS)]
+    rw = plan.spec.rootfs_mode == "rw"
+
+    def tgt(rootfd, path, kind="dir"):
+        # --rw: the image is the root, and edits never create anything in
+        # it (the plan keeps them on our own filesystems or over paths the
+        # image has; a path gone since then fails the launch).
+        return m.open_target(rootfd, path, kind, create=not rw or path.startswith(OWN_FS))
+
+    # With an overlay the other links already sit in its upper layer; with
+    # --rw the plan puts none outside our own filesystems.
+    links = [ln for ln in edits.symlinks if ln.path.startswith(OWN_FS)]
     for t in edits.tmpfs:
         fd = m.new_fs("tmpfs", ("mode=0755", "size=1m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
                       | k.MOUNT_ATTR_NOEXEC)
@@ -315,7 +348,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             os._exit(125)
         # Nothing the caller's process left open stays open in the sandbox's
         # init for its whole life (stdio, the pipes and the tty socket stay).
-        _close_except({0, 1, 2, go_r, err_w, *plan.keep_fds}
+        _close_except({0, 1, 2, go_r, err_w, plan.rootfd, *plan.keep_fds}
                       | ({tty_sock.fileno()} if tty_sock else set()))
         k.set_comm("gpusandbox-init")
         # Leave the caller's process group and session: keyboard signals reach
