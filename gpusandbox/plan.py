@@ -149,11 +149,11 @@ def _config_env(config, rootfs):
     return items, cwd if cwd and cwd.startswith("/") else None
 
 
-def _image_env(rootfs, config, rootfd):
+def _image_env(rootfs, config, rootfd=None):
     """(env items, workdir) from the bundle's config.json or /etc/environment."""
     if config is not None:
         return _config_env(config, rootfs)
-    text = k.read_in_root(rootfd, "/etc/environment", 1 << 20)
+    text = k.read_in_root(rootfs if rootfd is None else rootfd, "/etc/environment", 1 << 20)
     if not text:
         return [], None
     try:

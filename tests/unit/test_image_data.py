@@ -319,7 +319,9 @@ def test_doctor_ignores_the_bundles_root_path(tmp_path, root_path):
     (bundle / "config.json").write_text(json.dumps(
         {"root": {"path": root_path}, "process": {"env": ["A=1"]}}))
     root, env = doctor.load_image(str(bundle))
-    want, _ = plan._image_root(str(bundle))
+    from gpusandbox.imageroot import image_root
+    want, fd, _ = image_root(str(bundle))
+    os.close(fd)
     assert root == want == str(bundle / "rootfs") and env == {"A": "1"}
 
 
