@@ -12,6 +12,15 @@ from .conftest import host_mounts, tree_checksum
 
 PATHS = ["/etc/ld.so.cache", "/etc/ld.so.conf.d", "/usr/lib/x86_64-linux-gnu", "/usr/bin",
          "/lib/firmware/nvidia", "/proc/driver", "/lib"]
+# A library directory that resolves into /tmp (where the canary lives): in
+# overlay mode the SONAME links are made in the upper layer before the fresh
+# /tmp tmpfs covers them, so the injected libraries arrive without their
+# links and nvidia-smi cannot load libnvidia-ml.so.1 (contained, but broken).
+LINKS_UNDER_TMP = pytest.mark.xfail(
+    strict=True, reason="product bug: SONAME links under a symlinked library directory that "
+                        "resolves into /tmp are hidden by the /tmp tmpfs (overlay mode)")
+PATH_PARAMS = [pytest.param(p, marks=LINKS_UNDER_TMP) if p == "/usr/lib/x86_64-linux-gnu" else p
+               for p in PATHS]
 
 
 @pytest.fixture
@@ -46,29 +55,43 @@ def plant(root, path, kind, canary):
         os.symlink(str(target_host), root / "opt" / "hop2")
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 @pytest.mark.parametrize("kind", ["absolute", "relative", "chained"])
 def test_symlinks_at_gpu_injection_paths(runner, small_rootfs, sim_host, canary, path, kind):
     root = small_rootfs
+    env = ["-e", "PATH=/usr/bin:/usr/realbin:/bin"]
     if path == "/usr/bin":
         # Keep the image's tools reachable; nvidia-smi arrives by injection.
         shutil.copytree(root / "usr" / "bin", root / "usr" / "realbin", symlinks=True)
+    if path == "/usr/lib/x86_64-linux-gnu":
+        # Keep the image's loader and libc reachable, so that the command can
+        # show whether the driver libraries arrived.
+        shutil.copytree(root / "usr" / "lib" / "x86_64-linux-gnu", root / "usr" / "reallib")
+        ld = root / "usr" / "lib64" / "ld-linux-x86-64.so.2"
+        ld.unlink()
+        os.symlink("/usr/reallib/ld-linux-x86-64.so.2", ld)
+        env += ["-e", "LD_LIBRARY_PATH=/usr/reallib:/usr/lib/x86_64-linux-gnu"]
     plant(root, path, kind, canary)
     if runner.mode == "rootless":
         subprocess.run(["chown", "-R", f"{runner.uid}:{runner.gid}", str(root)], check=True)
     before_canary, before_mounts = tree_checksum(canary), host_mounts()
-    r = runner.run(["--driver-root", str(sim_host), "--gpus", "0", "-e",
-                    "PATH=/usr/bin:/usr/realbin:/bin", str(root), "nvidia-smi", "-L"])
+    r = runner.run(["--driver-root", str(sim_host), "--gpus", "0", *env, str(root),
+                    "nvidia-smi", "-L"])
     assert tree_checksum(canary) == before_canary, f"host canary changed ({path}, {kind})"
     assert host_mounts() == before_mounts
     assert "Traceback" not in r.stderr
     if r.returncode == 125:
-        # Refused is fine, with one clear line and nothing left behind.
-        assert r.stderr.startswith("gpusandbox: error: "), r.stderr
-    elif r.returncode == 0:
-        assert "GPU 0:" in r.stdout
-    # Any other status is the command's own failure inside a contained,
-    # broken image (e.g. /lib pointing nowhere): the host checks above hold.
+        # Refusing the hostile link is fine: one clear line that names it.
+        first = r.stderr.splitlines()[0]
+        assert first.startswith("gpusandbox: error: ") and (
+            "symlink" in first or path in first), r.stderr
+    else:
+        # Contained: the injected nvidia-smi ran on the injected driver
+        # library and the selected node, whatever the link pointed at.
+        assert r.returncode == 0, (r.returncode, r.stderr)
+        lines = r.stdout.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("GPU 0: "), r.stdout
+        assert lines[0].endswith(f"(UUID: {sim_host.gpus[0]['uuid']})"), r.stdout
 
 
 def test_image_visible_devices_never_widens(runner, small_rootfs, sim_host):

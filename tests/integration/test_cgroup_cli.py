@@ -10,6 +10,13 @@ it, ENXIO that it let it through to a major without a driver (the simulated
 host's nodes).  A -v bind cannot serve here: the launcher mounts every bind
 nodev, so any node under it fails with EACCES before the filter is asked
 (test_bound_device_nodes_are_nodev).
+
+The filter, leaf, cleanup and --cgroup-parent tests run in both host layouts
+(cg_layout): hybrid (cgroup2 at /sys/fs/cgroup/unified beside v1 hierarchies)
+and pure cgroup v2 (cgroup2 at /sys/fs/cgroup, what current HPC nodes run).
+A machine with one of them shows the launcher the other where it can: on a
+hybrid host the launch runs in a private mount namespace whose
+/sys/fs/cgroup is the cgroup2 hierarchy alone (nsrun.py).
 """
 import ctypes
 import os
@@ -22,7 +29,8 @@ import time
 
 import pytest
 
-from .conftest import kill_quietly, pids_with, wait_for
+from . import nsrun
+from .conftest import Runner, kill_quietly, pids_with, wait_for
 
 UNIFIED = "/sys/fs/cgroup/unified"
 REOPEN = ("import errno, os\n"
@@ -55,6 +63,35 @@ def _v1_bound(controller):
 
 needs_hybrid = pytest.mark.skipif(not _cgroup2_at_unified(),
                                   reason=f"needs the hybrid layout (cgroup2 at {UNIFIED})")
+
+
+@pytest.fixture(params=["hybrid", "pure-v2"])
+def cg_layout(request):
+    lay, why = nsrun.layout(request.param)
+    if lay is None:
+        pytest.skip(f"{request.param} cgroup layout: {why}")
+    return lay
+
+
+class LayoutRunner(Runner):
+    """A Runner whose launches see the cgroup layout `layout`."""
+
+    def __init__(self, runner, layout):
+        super().__init__(runner.cli, runner.mode, runner.user)
+        self.layout = layout
+
+    def argv(self, args):
+        return self.layout.wrap(super().argv(args))
+
+
+@pytest.fixture
+def lrunner(runner, cg_layout):
+    return LayoutRunner(runner, cg_layout)
+
+
+@pytest.fixture
+def lroot_runner(root_runner, cg_layout):
+    return LayoutRunner(root_runner, cg_layout)
 
 
 def notes(stderr):
@@ -157,8 +194,8 @@ def reopen_in_sandbox(runner, sim, rootfs, node):
     return r.stdout.strip(), r.stderr
 
 
-@needs_hybrid
-def test_filter_refuses_unselected_nodes(runner, sim_host, rootfs, block_node):
+def test_filter_refuses_unselected_nodes(lrunner, sim_host, rootfs, block_node):
+    runner = lrunner
     gpu2, why2 = reopen_in_sandbox(runner, sim_host, rootfs, f"{sim_host.root}/dev/nvidia2")
     gpu0, why0 = reopen_in_sandbox(runner, sim_host, rootfs, f"{sim_host.root}/dev/nvidia0")
     blk, _ = reopen_in_sandbox(runner, sim_host, rootfs, str(block_node))
@@ -166,7 +203,9 @@ def test_filter_refuses_unselected_nodes(runner, sim_host, rootfs, block_node):
     assert gpu0 == "ENXIO"
     if runner.mode == "root":
         assert gpu2 == "EPERM" and blk == "EPERM"
-        assert notes(why2)[1] is not None, why2
+        leaf, prog = notes(why2)
+        assert prog is not None, why2
+        assert os.path.dirname(leaf) == runner.layout.mount, why2
     else:
         # Rootless: no filter, and --verbose says so rather than hiding it.
         assert gpu2 == "ENXIO" and blk != "EPERM"
@@ -189,15 +228,16 @@ def test_bound_device_nodes_are_nodev(runner, sim_host, rootfs):
 
 # --- leaf and program lifecycle (root) ------------------------------------------------
 
-@needs_hybrid
-def test_running_sandbox_sits_in_our_leaf_with_our_program(root_runner, rootfs):
+def test_running_sandbox_sits_in_our_leaf_with_our_program(lroot_runner, rootfs):
     marker = "876.54321"
-    p = root_runner.popen(["--verbose", str(rootfs), "sleep", marker])
+    lay = lroot_runner.layout
+    p = lroot_runner.popen(["--verbose", str(rootfs), "sleep", marker])
     try:
-        leaf, prog = notes(read_verbose(p))
-        assert leaf and prog, "no cgroup/BPF notes under --verbose"
-        assert os.path.dirname(leaf) == UNIFIED and os.path.basename(leaf).startswith(
+        seen, prog = notes(read_verbose(p))
+        assert seen and prog, "no cgroup/BPF notes under --verbose"
+        assert os.path.dirname(seen) == lay.mount and os.path.basename(seen).startswith(
             f"gpusandbox-{p.pid}-")
+        leaf = lay.host(seen)
         pids = sandbox_pids(marker)
         with open(f"{leaf}/cgroup.procs") as f:
             members = f.read().split()
@@ -213,33 +253,35 @@ def test_running_sandbox_sits_in_our_leaf_with_our_program(root_runner, rootfs):
     assert_released(leaf, prog)
 
 
-@needs_hybrid
-def test_cleanup_after_command_killed(root_runner, rootfs):
-    r = root_runner.run(["--verbose", str(rootfs), "sh", "-c", "kill -9 $$"])
-    assert r.returncode == 137
+def test_cleanup_after_command_killed(lroot_runner, rootfs):
+    r = lroot_runner.run(["--verbose", str(rootfs), "sh", "-c", "kill -9 $$"])
+    assert r.returncode == 137, r.stderr
     leaf, prog = notes(r.stderr)
     assert leaf and prog, r.stderr
-    assert_released(leaf, prog)
+    assert os.path.dirname(leaf) == lroot_runner.layout.mount, r.stderr
+    assert_released(lroot_runner.layout.host(leaf), prog)
 
 
-@needs_hybrid
-def test_cleanup_after_launcher_sigkill(root_runner, rootfs):
+def test_cleanup_after_launcher_sigkill(lroot_runner, rootfs):
     marker = "765.43219"
-    p = root_runner.popen(["--verbose", str(rootfs), "sleep", marker])
+    lay = lroot_runner.layout
+    p = lroot_runner.popen(["--verbose", str(rootfs), "sleep", marker])
     try:
         leaf, prog = notes(read_verbose(p))
         assert leaf and prog
+        assert os.path.dirname(leaf) == lay.mount
         assert wait_for(lambda: pids_with(marker))
     finally:
         kill_quietly(p)
     assert wait_for(lambda: not pids_with(marker)), "sandbox survived its launcher"
-    # The next launch under the same parent removes the orphaned leaf.
-    r = root_runner.run(["--verbose", str(rootfs), "true"])
+    # The next launch under the same parent removes the orphaned leaf (or a
+    # concurrent launch under the same parent did already).
+    r = lroot_runner.run(["--verbose", str(rootfs), "true"])
     assert r.returncode == 0, r.stderr
-    assert_released(leaf, prog)
+    assert_released(lay.host(leaf), prog)
     new_leaf, new_prog = notes(r.stderr)
     assert new_leaf != leaf
-    assert_released(new_leaf, new_prog)
+    assert_released(lay.host(new_leaf), new_prog)
 
 
 # --- limits -----------------------------------------------------------------------
@@ -299,8 +341,10 @@ def test_bad_limit_is_a_usage_error(runner, rootfs, args, needle):
 # --- --cgroup-parent ----------------------------------------------------------------
 
 @pytest.fixture
-def test_parent():
-    path = os.path.join(UNIFIED, f"gsbx-test-parent-{os.getpid()}-{os.urandom(3).hex()}")
+def test_parent(cg_layout):
+    """A parent cgroup made for the test, as the test process reaches it."""
+    path = os.path.join(cg_layout.host_mount,
+                        f"gsbx-test-parent-{os.getpid()}-{os.urandom(3).hex()}")
     os.mkdir(path)
     yield path
     for d in sorted((top for top, _, _ in os.walk(path)), key=len, reverse=True):
@@ -310,15 +354,16 @@ def test_parent():
             pass
 
 
-@needs_hybrid
-def test_cgroup_parent_holds_the_leaf(root_runner, rootfs, test_parent):
+def test_cgroup_parent_holds_the_leaf(lroot_runner, rootfs, test_parent):
     marker = "654.32198"
+    lay = lroot_runner.layout
     name = os.path.basename(test_parent)
-    p = root_runner.popen(["--verbose", "--cgroup-parent", test_parent, str(rootfs), "sleep",
-                           marker])
+    parent = lay.launcher(test_parent)
+    p = lroot_runner.popen(["--verbose", "--cgroup-parent", parent, str(rootfs), "sleep",
+                            marker])
     try:
         leaf, prog = notes(read_verbose(p))
-        assert leaf and os.path.dirname(leaf) == test_parent
+        assert leaf and os.path.dirname(leaf) == parent
         pids = sandbox_pids(marker)
         with open(f"/proc/{pids['sleep']}/cgroup") as f:
             line = next(ln for ln in f.read().splitlines() if ln.startswith("0::"))
@@ -327,34 +372,32 @@ def test_cgroup_parent_holds_the_leaf(root_runner, rootfs, test_parent):
         assert p.wait(timeout=20) == 143
     finally:
         kill_quietly(p)
-    assert_released(leaf, prog)
+    assert_released(lay.host(leaf), prog)
     # The parent as /proc/<pid>/cgroup names it works too.
-    r = root_runner.run(["--verbose", "--cgroup-parent", f"/{name}", str(rootfs), "true"])
+    r = lroot_runner.run(["--verbose", "--cgroup-parent", f"/{name}", str(rootfs), "true"])
     assert r.returncode == 0, r.stderr
-    assert os.path.dirname(notes(r.stderr)[0]) == test_parent
+    assert os.path.dirname(notes(r.stderr)[0]) == parent
     assert not [n for n in os.listdir(test_parent) if n.startswith("gpusandbox-")]
 
 
-@needs_hybrid
-def test_missing_cgroup_parent(runner, rootfs):
-    r = runner.run(["--cgroup-parent", f"{UNIFIED}/gsbx-test-no-such-parent", str(rootfs), "true"])
+def test_missing_cgroup_parent(lrunner, rootfs):
+    missing = f"{lrunner.layout.mount}/gsbx-test-no-such-parent"
+    r = lrunner.run(["--cgroup-parent", missing, str(rootfs), "true"])
     assert r.returncode == 125
     lines = r.stderr.splitlines()
     assert len(lines) == 2, r.stderr
-    assert lines[0].startswith("gpusandbox: error: --cgroup-parent "
-                               f"{UNIFIED}/gsbx-test-no-such-parent: no such cgroup")
+    assert lines[0].startswith(f"gpusandbox: error: --cgroup-parent {missing}: no such cgroup "
+                               f"({missing})"), r.stderr
     assert lines[1].startswith("hint: ")
 
 
-def test_rootless_leaf_in_a_delegated_subtree(rootless_runner, rootfs):
+def test_rootless_leaf_in_a_delegated_subtree(rootless_runner, rootfs, cg_layout):
     """A user whose cgroup is delegated (systemd Delegate=yes: the directory,
     cgroup.procs and cgroup.subtree_control are theirs) gets a leaf there;
     the device filter is still reported as not applied."""
     import shlex
-    base = "/sys/fs/cgroup/unified"
-    if not os.path.isfile(f"{base}/cgroup.procs"):
-        pytest.skip("no cgroup2 hierarchy at /sys/fs/cgroup/unified")
-    deleg = f"{base}/gsbx-test-deleg-{os.getpid()}"
+    rootless_runner = LayoutRunner(rootless_runner, cg_layout)
+    deleg = f"{cg_layout.host_mount}/gsbx-test-deleg-{os.getpid()}-{os.urandom(3).hex()}"
     os.mkdir(deleg)
     try:
         for name in ("", "cgroup.procs", "cgroup.subtree_control", "cgroup.threads"):
@@ -366,7 +409,7 @@ def test_rootless_leaf_in_a_delegated_subtree(rootless_runner, rootfs):
         r = subprocess.run(["sh", "-c", f"echo $$ > {deleg}/cgroup.procs && exec {launch}"],
                            capture_output=True, text=True, timeout=60, env=rootless_runner.env())
         assert r.returncode == 0, r.stderr
-        assert f"cgroup: {deleg}/gpusandbox-" in r.stderr
+        assert f"cgroup: {cg_layout.launcher(deleg)}/gpusandbox-" in r.stderr, r.stderr
         assert "device filter: not applied (rootless" in r.stderr
         # Inside, the cgroup namespace is rooted at the leaf.
         assert "0::/\n" in r.stdout

@@ -1,5 +1,8 @@
 """`gpusandbox run` as a user sees it, as root and as an unprivileged user."""
 import os
+import re
+import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -7,6 +10,7 @@ import time
 
 import pytest
 
+from . import nsrun
 from .conftest import host_mounts, pids_with, tree_checksum, wait_for
 
 
@@ -108,13 +112,22 @@ def test_proc_masked_and_read_only(runner, rootfs):
 
 
 def test_host_tree_unreachable(runner, rootfs):
-    r = sh(runner, rootfs, "ls /; cat /proc/self/mountinfo")
+    r = sh(runner, rootfs, "ls /; echo --; cat /proc/self/mountinfo")
     assert r.returncode == 0, r.stderr
+    listing, mountinfo = r.stdout.split("\n--\n")
     assert "oldroot" not in r.stdout
     # The host's /work or /root never appears: only the image's own entries.
-    top = set(r.stdout.split("\n", 1)[0].split())
-    assert top <= set(os.listdir(rootfs)) | {"proc", "sys", "dev", "tmp", "run"}
-    assert str(rootfs) not in r.stdout.split("\n", 1)[1] or True
+    assert set(listing.split()) <= set(os.listdir(rootfs)) | {"proc", "sys", "dev", "tmp", "run"}
+    # Every mount the command can see sits on the new root or on the paths the
+    # sandbox mounts; none is a host mount point (the old root's mounts, kept
+    # without the detach, would bring /, /work, /opt... of the host). The
+    # image's path may appear only as the overlay's lowerdir option.
+    points = [line.split()[4] for line in mountinfo.splitlines()]
+    assert points.count("/") == 1, points
+    strays = [p for p in points if p != "/" and p.split("/")[1] not in
+              ("proc", "sys", "dev", "tmp", "run")]
+    assert not strays, strays
+    assert not [p for p in points if str(rootfs) in p], points
 
 
 def test_bind_mounts(runner, rootfs, shared_tmp):
@@ -234,19 +247,50 @@ def test_orphans_are_reaped(runner, rootfs):
     assert r.stdout.strip() == "0"
 
 
-def test_kill_9_leaves_nothing(runner, rootfs):
+def test_kill_9_leaves_nothing(runner, rootfs, shared_tmp):
+    """Neither a finished launch nor one killed with SIGKILL leaves anything
+    in /tmp, /var/tmp or $XDG_RUNTIME_DIR.  The launches run in a private
+    mount namespace whose /tmp and /var/tmp are empty directories of this
+    test (the image is bound outside them), so other processes' files on
+    this shared machine cannot hide or fake a leftover."""
     marker = "987.654321"
     before = host_mounts()
-    tmp_before = set(os.listdir("/tmp"))
-    p = runner.popen([str(rootfs), "sleep", marker])
-    assert wait_for(lambda: pids_with(marker) and len(pids_with(marker)) >= 1)
-    # The launcher is the process we started (setpriv execs it in place).
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait(timeout=10)
-    assert wait_for(lambda: not pids_with(marker)), "sandbox processes survived kill -9"
-    assert host_mounts() == before
-    assert set(os.listdir("/tmp")) <= tmp_before | set(os.listdir("/tmp")) - {
-        e for e in os.listdir("/tmp") if e.startswith("gpusandbox-run")}
+    scratch = {}
+    for name in ("tmp", "var-tmp"):
+        scratch[name] = shared_tmp / name
+        scratch[name].mkdir()
+        os.chmod(scratch[name], 0o1777)
+    # Outside /tmp, which the namespace covers, like /run/user/UID.
+    scratch["xdg-runtime"] = nsrun.scratch_dir("xdg-runtime")
+    os.chmod(scratch["xdg-runtime"], 0o700)
+    os.chown(scratch["xdg-runtime"], runner.uid, runner.gid)
+    image = nsrun.scratch_dir("image")
+    # /tmp last: the other sources live under it.
+    setup = (f"mount --bind {rootfs} {image}\n"
+             f"mount --bind {scratch['var-tmp']} /var/tmp\n"
+             f"mount --bind {scratch['tmp']} /tmp")
+    env = runner.env({"XDG_RUNTIME_DIR": str(scratch["xdg-runtime"]), "TMPDIR": "/tmp"})
+
+    def leftovers():
+        return {n: sorted(os.listdir(d)) for n, d in scratch.items() if os.listdir(d)}
+    try:
+        r = subprocess.run(nsrun.private_mounts(runner.argv([str(image), "true"]), setup),
+                           capture_output=True, text=True, timeout=60, env=env, cwd="/")
+        assert r.returncode == 0, r.stderr
+        assert not leftovers(), leftovers()
+        p = subprocess.Popen(nsrun.private_mounts(runner.argv([str(image), "sleep", marker]),
+                                                  setup),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/")
+        assert wait_for(lambda: pids_with(marker) and len(pids_with(marker)) >= 1)
+        # unshare, sh and setpriv exec in turn: the pid started is the launcher's.
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+        assert wait_for(lambda: not pids_with(marker)), "sandbox processes survived kill -9"
+        assert host_mounts() == before
+        assert not leftovers(), leftovers()
+    finally:
+        image.rmdir()
+        shutil.rmtree(scratch["xdg-runtime"])
 
 
 def test_no_new_privs_and_no_caps_for_user(runner, rootfs):
@@ -289,11 +333,17 @@ def test_tty_option_without_terminal_passes_stdio(runner, rootfs):
 
 def test_tty_allocates_pty(runner, rootfs):
     # script(1) gives the launcher a terminal on stdin.
-    cmd = " ".join(runner.argv(["--tty", str(rootfs), "sh", "-c", "tty; echo ok"]))
+    # The pty must come from the sandbox's own devpts: the caller's terminal
+    # passed straight through would live on the host's devpts instance.
+    cmd = shlex.join(runner.argv(["--tty", str(rootfs), "sh", "-c",
+                                  "tty; [ $(stat -L -c %d /proc/self/fd/0) = "
+                                  "$(stat -c %d /dev/pts/ptmx) ] && echo own-devpts; echo ok"]))
     r = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True,
                        timeout=30, env=runner.env(), cwd="/")
-    assert "ok" in r.stdout
-    assert "/dev/pts/" in r.stdout or "not a tty" not in r.stdout
+    assert r.returncode == 0, r.stdout
+    lines = r.stdout.replace("\r", "").splitlines()
+    assert re.fullmatch(r"/dev/pts/\d+", lines[0]), r.stdout
+    assert lines[1:] == ["own-devpts", "ok"], r.stdout
 
 
 def test_many_sandboxes_share_one_image(runner, rootfs):

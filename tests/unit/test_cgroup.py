@@ -12,6 +12,10 @@ from gpusandbox.errors import CgroupError, UsageError
 from gpusandbox.linux import bpfdev, cgfs, cgroup
 from gpusandbox.linux.cgroup import Limits
 
+from .test_bpfdev import run as run_bpf
+
+REAL_ATTACH_BPF = cgroup._attach_bpf
+
 FULL_CAPS = "000001ffffffffff"
 
 
@@ -306,12 +310,49 @@ def test_stale_leaves(fake):
 
 
 # --- root --------------------------------------------------------------------------------------
-def test_root_attaches_the_filter_with_the_rules(fake):
+def test_root_attaches_the_filter_with_the_rules(fake, monkeypatch):
+    """The real _attach_bpf, with only the bpf() calls replaced: the program
+    it loads lets the default nodes and the given rules through and nothing
+    else; it is attached to the leaf with BPF_F_ALLOW_MULTI, checked in force
+    there, and detached from the leaf at teardown."""
+    monkeypatch.setattr(cgroup, "_attach_bpf", REAL_ATTACH_BPF)
+    calls = []
+    prog_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)   # stands for the program
+
+    def where(fd):
+        return os.readlink(f"/proc/self/fd/{fd}")
+
+    def load(insns):
+        calls.append(("load", insns))
+        return prog_fd
+
+    def query(fd, effective=False):
+        calls.append(("query", where(fd), effective))
+        return 0, [77] if where(fd) != str(fake.cg) else []
+    monkeypatch.setattr(bpfdev, "load", load)
+    monkeypatch.setattr(bpfdev, "prog_id", lambda fd: 77 if fd == prog_fd else None)
+    monkeypatch.setattr(bpfdev, "attach",
+                        lambda fd, pfd, flags: calls.append(("attach", where(fd), pfd, flags)))
+    monkeypatch.setattr(bpfdev, "detach",
+                        lambda fd, pfd: calls.append(("detach", where(fd), pfd)))
+    monkeypatch.setattr(bpfdev, "query", query)
     fake.set_proc(caps=FULL_CAPS)
-    rules = [("c", 195, 0, "rw")]
-    h = prepare(fake, device_rules=rules)
-    assert fake.attached == [(h.path, str(fake.cg), rules)] and h.filter == "bpf"
+    h = prepare(fake, device_rules=[("c", 195, 0, "rw")])
+    (_, insns), *rest = calls
+    assert run_bpf(insns, bpfdev.DEV_CHAR, 195, 0, bpfdev.ACC_READ | bpfdev.ACC_WRITE) == 1
+    assert run_bpf(insns, bpfdev.DEV_CHAR, 195, 0, bpfdev.ACC_MKNOD) == 0
+    assert run_bpf(insns, bpfdev.DEV_CHAR, 195, 1, bpfdev.ACC_READ) == 0
+    assert run_bpf(insns, bpfdev.DEV_CHAR, 1, 3, bpfdev.ACC_READ | bpfdev.ACC_WRITE) == 1
+    assert run_bpf(insns, bpfdev.DEV_BLOCK, 7, 0, bpfdev.ACC_READ) == 0
+    assert rest == [("attach", h.path, prog_fd, bpfdev.BPF_F_ALLOW_MULTI),
+                    ("query", h.path, False), ("query", h.path, True),
+                    ("query", str(fake.cg), True)]
+    assert h.filter == "bpf" and h.prog_id == 77
+    assert h.notes[-1].startswith("device filter: BPF program id 77 attached")
+    del calls[:]
     h.teardown()
+    assert calls == [("detach", h.path, prog_fd)]
+    assert not os.path.exists(h.path)
 
 
 def test_root_in_a_user_namespace_is_rootless(fake):

@@ -59,8 +59,9 @@ def test_environment_precedence_table():
     spec.env_set = ["E=from-e", "HOSTONLY"]
     host = {"SLURM_JOB_ID": "7", "PMIX_RANK": "1", "LD_PRELOAD": "/x.so", "HOME": "/root",
             "HOSTONLY": "h", "CUDA_VISIBLE_DEVICES": "3", "RANDOM_HOST": "r"}
-    image = [("PATH", "/opt/bin:/usr/bin"), ("E", "from-image"), ("SLURM_JOB_ID", "image")]
-    gpu = {"NVIDIA_VISIBLE_DEVICES": "GPU-x", "CUDA_VISIBLE_DEVICES": "0"}
+    image = [("PATH", "/opt/bin:/usr/bin"), ("E", "from-image"), ("SLURM_JOB_ID", "image"),
+             ("CUDA_VISIBLE_DEVICES", "7"), ("NVIDIA_VISIBLE_DEVICES", "all")]
+    gpu = {"NVIDIA_VISIBLE_DEVICES": "GPU-x", "CUDA_VISIBLE_DEVICES": "0,1"}
     env = envmod.build(spec, host, image, gpu, "/home/u")
     assert env["PATH"] == "/opt/bin:/usr/bin"          # image over defaults
     assert env["HOME"] == "/home/u"
@@ -68,11 +69,18 @@ def test_environment_precedence_table():
     assert env["SLURM_JOB_ID"] == "image"              # image over host job variables
     assert env["PMIX_RANK"] == "1"
     assert env["HOSTONLY"] == "h"                      # -e KEY copies the host value
-    assert env["CUDA_VISIBLE_DEVICES"] == "0"          # renumbered, never the host's 3
+    # The GPU row (the host-side resolution, renumbered in gpu/inject.py)
+    # over the image's values; the host's own value never passes.
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["NVIDIA_VISIBLE_DEVICES"] == "GPU-x"
     assert "LD_PRELOAD" not in env and "RANDOM_HOST" not in env
+    # Without a GPU row the image's value is the command's data, and the
+    # host's CUDA_VISIBLE_DEVICES stays out even with --env-host.
+    env = envmod.build(spec, host, image, {}, "/home/u")
+    assert env["CUDA_VISIBLE_DEVICES"] == "7"
     spec.env_host = True
     env = envmod.build(spec, host, [], {}, "/h")
     assert env["RANDOM_HOST"] == "r" and env["HOME"] == "/h" and "LD_PRELOAD" not in env
+    assert "CUDA_VISIBLE_DEVICES" not in env
 
 
 def test_env_lines_parser():
