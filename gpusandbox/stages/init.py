@@ -206,9 +206,12 @@ def _apply_edits(plan, rootfd, nodes, mounts):
         # image has; a path gone since then fails the launch).
         return m.open_target(rootfd, path, kind, create=not rw or path.startswith(OWN_FS))
 
-    # With an overlay the other links already sit in its upper layer; with
-    # --rw the plan puts none outside our own filesystems.
-    links = [ln for ln in edits.symlinks if ln.path.startswith(OWN_FS)]
+    # With an overlay the links already sit in its upper layer, but one whose
+    # directory the image leads into /tmp or /run (a symlinked library
+    # directory) is now under our fresh tmpfs: every link is checked again
+    # and the ones the tmpfs hid are made there (correct ones are skipped).
+    # With --rw the plan puts none outside our own filesystems.
+    links = [ln for ln in edits.symlinks if not rw or ln.path.startswith(OWN_FS)]
     for t in edits.tmpfs:
         fd = m.new_fs("tmpfs", ("mode=0755", "size=1m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
                       | k.MOUNT_ATTR_NOEXEC)

@@ -12,15 +12,7 @@ from .conftest import host_mounts, tree_checksum
 
 PATHS = ["/etc/ld.so.cache", "/etc/ld.so.conf.d", "/usr/lib/x86_64-linux-gnu", "/usr/bin",
          "/lib/firmware/nvidia", "/proc/driver", "/lib"]
-# A library directory that resolves into /tmp (where the canary lives): in
-# overlay mode the SONAME links are made in the upper layer before the fresh
-# /tmp tmpfs covers them, so the injected libraries arrive without their
-# links and nvidia-smi cannot load libnvidia-ml.so.1 (contained, but broken).
-LINKS_UNDER_TMP = pytest.mark.xfail(
-    strict=True, reason="product bug: SONAME links under a symlinked library directory that "
-                        "resolves into /tmp are hidden by the /tmp tmpfs (overlay mode)")
-PATH_PARAMS = [pytest.param(p, marks=LINKS_UNDER_TMP) if p == "/usr/lib/x86_64-linux-gnu" else p
-               for p in PATHS]
+PATH_PARAMS = PATHS
 
 
 @pytest.fixture
