@@ -18,8 +18,14 @@ commands:
 
 def _report_cmd(modname, func, argv):
     import importlib
+    from .errors import SandboxError, message
     mod = importlib.import_module(modname)
-    return getattr(mod, func)(argv)
+    try:
+        return getattr(mod, func)(argv)
+    except SandboxError as e:
+        # One line, never a traceback, whichever command raised it.
+        sys.stderr.write(message(e))
+        return e.code
 
 
 def main(argv=None):
@@ -49,7 +55,8 @@ def main(argv=None):
         from . import __version__
         sys.stdout.write(f"gpusandbox {__version__}\n")
         return 0
-    sys.stderr.write(f"gpusandbox: error: unknown command: {cmd}\n"
+    from .errors import printable
+    sys.stderr.write(f"gpusandbox: error: unknown command: {printable(cmd)}\n"
                      "hint: run 'gpusandbox --help' for the list of commands\n")
     return 125
 

@@ -7,7 +7,7 @@ everything after IMAGE_DIR (an optional `--` first) is the command."""
 import os
 import sys
 
-from .errors import SandboxError, UsageError, EXIT_LAUNCHER
+from .errors import SandboxError, UsageError, EXIT_LAUNCHER, message
 from .spec import Bind, RunSpec
 
 RUN_HELP = """usage: gpusandbox run [options] IMAGE_DIR [--] CMD [ARG...]
@@ -204,10 +204,7 @@ def parse_run_args(argv):
 
 def report(err, out=None):
     out = out or sys.stderr
-    msg = f"gpusandbox: error: {err.line()}\n"
-    if err.hint:
-        msg += f"hint: {err.hint}\n"
-    out.write(msg)
+    out.write(message(err))
     out.flush()
 
 

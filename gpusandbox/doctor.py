@@ -741,7 +741,8 @@ def main(argv, roots=None):
                        roots=roots or Roots())
         checks = run_checks(opts)
     except SandboxError as e:
-        sys.stderr.write(f"gpusandbox: error: {e.line()}\n" + (f"hint: {e.hint}\n" if e.hint else ""))
+        from gpusandbox.errors import message
+        sys.stderr.write(message(e))
         return e.code
     sys.stdout.write(to_json(checks) if a.json else render(checks))
     return 1 if any(c.status == FAIL for c in checks) else 0

@@ -39,3 +39,30 @@ class CgroupError(SandboxError):
 
 class SeccompError(SandboxError):
     """A seccomp profile that cannot be read or compiled."""
+
+
+def printable(text):
+    """`text` kept on one line: control characters (C0, DEL, C1, the Unicode
+    line and paragraph separators) shown as escapes.  Messages quote what the
+    user typed (paths, values, command words); a newline or carriage return
+    there must not forge a second line of output."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if o < 0x20 or 0x7F <= o < 0xA0 or o in (0x2028, 0x2029):
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def message(err):
+    """The user-facing text of a SandboxError: one `gpusandbox: error:` line
+    and an optional `hint:` line."""
+    msg = f"gpusandbox: error: {printable(err.line())}\n"
+    if err.hint:
+        msg += f"hint: {printable(err.hint)}\n"
+    return msg

@@ -19,9 +19,8 @@ def register_info_lines(fn):
 
 
 def _fail(e):
-    print(f"gpusandbox: error: {e.line()}", file=sys.stderr)
-    if e.hint:
-        print(f"hint: {e.hint}", file=sys.stderr)
+    from gpusandbox.errors import message
+    sys.stderr.write(message(e))
     return e.code
 
 

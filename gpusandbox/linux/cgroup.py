@@ -18,9 +18,10 @@ Without any cgroup2 mount a root caller falls back to a v1 devices cgroup;
 clone3 cannot place a child in a v1 cgroup, so dirfd is -1 and the launcher
 must h.join(pid) before the child runs anything from the image.
 
-A launcher killed with SIGKILL leaves its leaf behind; the next prepare()
-under the same parent removes leaves whose name matches, whose launcher is
-gone and which hold no process.
+A launcher killed with SIGKILL cannot remove its leaf: the reaper it forks
+before creating the leaf (reaper.py) does, once the launcher is gone.  Leaves
+left anyway (the reaper killed too) are removed by the next prepare() under
+the same parent: name matches, launcher gone, no process inside.
 
 Limits follow docker's options: --memory and --memory-swap take bytes with
 an optional k/m/g/t suffix or 'max'; --memory-swap is memory plus swap
@@ -59,6 +60,8 @@ class CgroupHandle:
         self.version = None      # 2 or 1 when a leaf exists
         self._fd = -1            # O_RDONLY fd of the leaf: bpf() refuses O_PATH fds
         self._prog_fd = -1
+        self._reaper = -1        # write end of the reaper's pipe (reaper.py)
+        self._reaper_pid = 0
         self._attached = False
         self._done = False
         self._verbose = verbose
@@ -72,7 +75,7 @@ class CgroupHandle:
     def fds(self):
         """Open fds the sandbox's init must close before running anything
         from the image (all are O_CLOEXEC; this matters only before execve)."""
-        return [fd for fd in (self.dirfd, self._fd, self._prog_fd) if fd >= 0]
+        return [fd for fd in (self.dirfd, self._fd, self._prog_fd, self._reaper) if fd >= 0]
 
     def join(self, pid):
         """Move pid into the leaf (for the v1 fallback, where dirfd is -1,
@@ -120,17 +123,23 @@ class CgroupHandle:
                 self.note(f"cgroup: teardown could not empty {self.path}: {e}")
             if not emptied:
                 self.note(f"cgroup: {self.path} still has processes; left for a later cleanup")
+        removed = [self.path is None]
         steps = []
         if self._attached and emptied:
             steps.append(("detach", self._detach))
         steps.append(("close", self._close))
         if self.path is not None and emptied:
-            steps.append(("remove", lambda: _rmtree(self.path)))
+            steps.append(("remove", lambda: removed.append(_rmtree(self.path) or True)))
         for what, fn in steps:
             try:
                 fn()
             except Exception as e:   # noqa: BLE001 - teardown must finish every step
                 self.note(f"cgroup: teardown could not {what} {self.path}: {e}")
+        if self._reaper >= 0:
+            # Last: the reaper stands by until the leaf is gone or we are.
+            from gpusandbox.linux import reaper
+            fd, self._reaper = self._reaper, -1
+            reaper.finish(fd, self._reaper_pid, any(removed))
 
     def _detach(self):
         from gpusandbox.linux import bpfdev
@@ -200,6 +209,12 @@ def prepare(parent=None, limits=None, device_rules=None, best_effort=False,
     return h
 
 
+def _start_reaper(h, leaf, version):
+    """Before the leaf exists, so no moment leaves it without a remover."""
+    from gpusandbox.linux import reaper
+    h._reaper, h._reaper_pid = reaper.start(leaf, version)
+
+
 def _fail_or_note(h, best_effort, err):
     if not best_effort:
         raise err
@@ -243,6 +258,7 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
     clean_stale(pdir, prefix, proc, h.notes)
     files = _usable(h, files, pdir, mount, proc, mounts, best_effort)
     leaf = os.path.join(pdir, f"{prefix}-{os.getpid()}-{os.urandom(4).hex()}")
+    _start_reaper(h, leaf, 2)
     _mkdir(leaf)
     h.path, h.version = leaf, 2
     h.note(f"cgroup: {leaf}")
@@ -402,6 +418,7 @@ def _prepare_v1(h, mounts, parent, files, rules, privileged, best_effort, prefix
         lines = bpfdev.v1_lines(list(bpfdev.DEFAULT_RULES) + list(rules or ()))
     except ValueError as e:
         raise CgroupError("device filter: bad device rule", str(e)) from None
+    _start_reaper(h, leaf, 1)
     _mkdir(leaf)
     h.path, h.version = leaf, 1
     h.note(f"cgroup: {leaf} (cgroup v1 devices; {why})")

@@ -73,13 +73,29 @@ def _enable_test_hooks():
         os.chmod(marker, 0o644)
 
 
+MISSING_ACCOUNTS = "run scripts/test-users as root first (scripts/test does)"
+
+
 def _ensure_user():
+    """Looked up only: scripts/test-users makes the account once before pytest
+    starts, because workers creating it on their own raced each other."""
     try:
         return pwd.getpwnam(TEST_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
-                        TEST_USER], check=False)
-        return pwd.getpwnam(TEST_USER)
+        pytest.fail(f"test user {TEST_USER} does not exist: {MISSING_ACCOUNTS}", pytrace=False)
+
+
+def subid_range(user, path):
+    """(start, count) of the user's first range in /etc/subuid or /etc/subgid."""
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.strip().split(":")
+                if len(parts) == 3 and parts[0] in (user.pw_name, str(user.pw_uid)):
+                    return int(parts[1]), int(parts[2])
+    except FileNotFoundError:
+        pass
+    pytest.fail(f"{user.pw_name} has no range in {path}: {MISSING_ACCOUNTS}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

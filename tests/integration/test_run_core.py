@@ -11,7 +11,7 @@ import time
 import pytest
 
 from . import nsrun
-from .conftest import host_mounts, pids_with, tree_checksum, wait_for
+from .conftest import host_mounts, pids_with, subid_range, tree_checksum, wait_for
 
 
 def sh(runner, rootfs, script, *opts, env=None, timeout=60):
@@ -410,13 +410,11 @@ def test_image_files_that_are_fifos_or_devices_are_not_opened(runner, small_root
 
 @pytest.fixture
 def subid_user(test_user):
-    """Give the test user a subordinate range (once; our own test account)."""
-    for path in ("/etc/subuid", "/etc/subgid"):
-        text = open(path).read() if os.path.exists(path) else ""
-        if not any(line.startswith(f"{test_user.pw_name}:") for line in text.splitlines()):
-            with open(path, "a") as f:
-                f.write(f"{test_user.pw_name}:300000:65536\n")
-    return test_user
+    """The test user and its subordinate uid range (made by scripts/test-users)."""
+    import types
+    subid_range(test_user, "/etc/subgid")
+    return types.SimpleNamespace(pw_name=test_user.pw_name, pw_uid=test_user.pw_uid,
+                                 subuid=subid_range(test_user, "/etc/subuid"))
 
 
 def test_userns_subids_maps_a_full_range(rootless_runner, rootfs, subid_user):
@@ -426,7 +424,8 @@ def test_userns_subids_maps_a_full_range(rootless_runner, rootfs, subid_user):
     lines = [ln.split() for ln in r.stdout.splitlines()]
     maps = [ln for ln in lines if len(ln) == 3]
     assert ["0", str(subid_user.pw_uid), "1"] in maps
-    assert ["1", "300000", "65536"] in maps
+    start, count = subid_user.subuid
+    assert ["1", str(start), str(count)] in maps
     assert lines[-2] == ["0"] and lines[-1] == ["1234"]
 
 

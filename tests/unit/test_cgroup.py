@@ -114,6 +114,8 @@ class Fake:
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    # No reaper process for a fake tree (the integration tests cover it).
+    monkeypatch.setattr(cgroup, "_start_reaper", lambda h, leaf, version: None)
     return Fake(tmp_path, monkeypatch)
 
 
