@@ -114,6 +114,9 @@ def launch(spec):
             raise
         os.close(go_r)
         os.close(err_w)
+        # The image root is init's from here on: the launcher holds no
+        # descriptor of the image while the sandbox runs.
+        os.close(plan.rootfd)
         if tty:
             tty[1].close()
         _write_maps(plan, pid)
