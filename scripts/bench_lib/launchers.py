@@ -49,9 +49,9 @@ class Launcher:
         return self
 
 
-def gpusandbox(exe, mode, gpus, sim, image):
+def gpusandbox(exe, mode, gpus, sim, image, label=None):
     """gpus: None (no GPU option), "none", or a list such as "0,1"."""
-    label = {None: "plain", "none": "none"}.get(gpus, "gpu")
+    label = label or {None: "plain", "none": "none"}.get(gpus, "gpu")
 
     def make(_i, cmd):
         argv = [exe, "run"]
