@@ -41,6 +41,12 @@ def _src_hash():
     return h.hexdigest()
 
 
+def _dependencies():
+    import tomllib
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["dependencies"]
+
+
 def _ensure_cli():
     BASE.mkdir(parents=True, exist_ok=True)
     os.chmod(BASE, 0o755)
@@ -48,11 +54,14 @@ def _ensure_cli():
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (VENV / "bin" / "python").exists():
             subprocess.run(["/usr/bin/python3", "-m", "venv", str(VENV)], check=True)
-            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "pyroute2", "attrs",
-                            "python-prctl", "setuptools>=61", "wheel"], check=True)
         stamp = BASE / "stamp"
         want = _src_hash()
         if not stamp.exists() or stamp.read_text() != want:
+            # The project's dependencies, read from pyproject.toml, so a venv
+            # made by an earlier tree gets the ones added since (pip skips
+            # what is already satisfied without asking the index).
+            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", *_dependencies(),
+                            "setuptools>=61", "wheel"], check=True)
             subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "--no-deps",
                             "--no-build-isolation", "--force-reinstall", str(REPO)],
                            check=True, cwd="/")
