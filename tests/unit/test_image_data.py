@@ -255,17 +255,18 @@ def test_toolkit_link_fan_out_is_bounded(tmp_path, monkeypatch):
     for n in range(300):
         os.symlink("/opt/one", os.path.join(root, f"usr/local/cuda-{n}"))
     calls = []
-    real = require._listdir_in_root
-    monkeypatch.setattr(require, "_listdir_in_root",
+    from gpusandbox.gpu import carried
+    real = carried._listdir_in_root
+    monkeypatch.setattr(carried, "_listdir_in_root",
                         lambda *a, **kw: calls.append(a[1]) or real(*a, **kw))
     reads = []
-    real_read = require.lsys.read_in_root
-    monkeypatch.setattr(require.lsys, "read_in_root",
+    real_read = carried.lsys.read_in_root
+    monkeypatch.setattr(carried.lsys, "read_in_root",
                         lambda *a, **kw: reads.append(a[1]) or real_read(*a, **kw))
     require.image_cuda_version(root)
     # 7 library directories and /usr/local, at most 2 per looked-at toolkit.
-    assert len(calls) <= 8 + 2 * require._MAX_TOOLKITS, len(calls)
-    assert len(reads) <= 2 + 2 * require._MAX_TOOLKITS, len(reads)
+    assert len(calls) <= 8 + 2 * carried._MAX_TOOLKITS, len(calls)
+    assert len(reads) <= 2 + 2 * carried._MAX_TOOLKITS, len(reads)
 
 
 def test_links_to_one_toolkit_are_read_once(tmp_path):
