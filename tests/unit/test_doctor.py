@@ -1,4 +1,4 @@
-"""`gpusandbox doctor` checks on hand-made trees (gpusandbox/doctor.py).
+"""`gpusandbox doctor` checks on hand-made trees (gpusandbox/doctor/).
 
 Kernel switches are simulated through the files the checks read (a Roots
 tree), never by changing the machine; drivers are FakeDriver trees."""
@@ -366,7 +366,7 @@ def test_verification_judges_what_the_sandbox_saw(tmp_path, monkeypatch, nodes, 
     img = _image(tmp_path)
     _write(tmp_path, "usr/bin/python3", "#!fake\n", 0o755)
     answers = iter([_Res(nodes), _Res(cuda)])
-    monkeypatch.setattr(doctor, "_sandbox", lambda opts, facts, cmd: (next(answers), ""))
+    monkeypatch.setattr(doctor.verify, "_sandbox", lambda opts, facts, cmd: (next(answers), ""))
     with FakeDriver(gpus=2) as drv:
         host = discover.discover(drv.root, environ={})
         gpu0 = next(g for g in host.gpus if g.minor == 0)
