@@ -17,6 +17,7 @@ import hashlib
 import re
 import zlib
 
+from ..errors import printable
 from .digest import ImageError
 
 BLOCK = 512
@@ -59,6 +60,10 @@ class Limits:
 
 def _bad(why, hint=None):
     return ImageError("invalid layer", why, hint)
+
+
+def _shown(name):
+    return printable(name[:200].decode("utf-8", "backslashreplace"))
 
 
 class _Input:
@@ -376,7 +381,7 @@ class TarReader:
                 raise _bad(f"a member {what} of {len(v)} bytes exceeds the limit of "
                            f"{lim.max_path}")
         if any(k.startswith(b"GNU.sparse.") for k in pax) or e.type == b"S":
-            raise _bad(f"sparse file {e.name[:200]!r} (GNU sparse members are not "
+            raise _bad(f"sparse file {_shown(e.name)} (GNU sparse members are not "
                        "supported in image layers)")
         e.mode = _num(hdr[100:108], "mode") & 0o7777
         e.uid = _num(hdr[108:116], "uid")
@@ -394,11 +399,11 @@ class TarReader:
         if b"mtime" in pax:
             e.mtime_ns = _pax_time(pax[b"mtime"])
         if e.uid > 2**32 - 2 or e.gid > 2**32 - 2:
-            raise _bad(f"member {e.name[:200]!r}: uid/gid out of range")
+            raise _bad(f"member {_shown(e.name)}: uid/gid out of range")
         if e.size > lim.max_bytes:
-            raise _bad(f"member {e.name[:200]!r}: size {e.size} exceeds the layer limit")
+            raise _bad(f"member {_shown(e.name)}: size {e.size} exceeds the layer limit")
         if e.type in b"07\0" and e.size > lim.max_file:
-            raise _bad(f"member {e.name[:200]!r}: size {e.size} exceeds the file limit "
+            raise _bad(f"member {_shown(e.name)}: size {e.size} exceeds the file limit "
                        f"of {lim.max_file} bytes")
         if e.mtime_ns > 2**62:
             e.mtime_ns = 2**62

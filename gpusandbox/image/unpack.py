@@ -146,6 +146,8 @@ class _Applier:
     def _open_dir(self, comps, create):
         """O_PATH fd of the directory comps (never through a symlink); None
         when it is missing and create is False."""
+        if not comps:
+            return os.dup(self.root)
         path = b"/".join(comps)
         try:
             return k.openat2(self.root, path, k.O_PATH | os.O_DIRECTORY, 0, _RES)
