@@ -131,6 +131,9 @@ class _Applier:
                 raise ImageError("invalid layer", f"{what} {_show(raw)}: a component "
                                  "longer than 255 bytes")
             comps.append(c)
+        if any(c.startswith(_WH) for c in comps[:-1]):
+            raise ImageError("invalid layer", f"{what} {_show(raw)}: a whiteout name used "
+                             "as a directory")
         if len(comps) > self.lim.max_depth:
             raise ImageError("invalid layer", f"{what} {_show(raw)}: deeper than "
                              f"{self.lim.max_depth} components")

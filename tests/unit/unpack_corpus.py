@@ -287,6 +287,11 @@ for _n, _m in (("bare", ".wh."), ("dot", ".wh.."), ("dotdot", ".wh..."),
         (lambda m: lambda o: [layer(member("a/x", data=b"keep")), layer(member(m))])(_m))
 
 
+@case("whiteout_name_as_directory", "error", "whiteout name used as a directory")
+def _(o):
+    return [layer(member(".wh.x/evil", data=b"x"))]
+
+
 def _devices(root, ctx):
     fails = []
     for n in ("dev/sda", "dev/loop0", "lowerdev"):
@@ -342,6 +347,22 @@ def _(o):
            "SCHILY.xattr.user.note": "x", "SCHILY.xattr.trusted.overlay.opaque": "y",
            "SCHILY.xattr.security.selinux": "system_u:object_r:shadow_t:s0"}
     return [layer(member("cap", data=b"\x7fELF", mode=0o755, pax=pax))]
+
+
+def _readonly(root, ctx):
+    names = sorted(os.listdir(os.path.join(root, "ro")))
+    return [] if names == ["g"] else [f"ro holds {names}"]
+
+
+@case("readonly_dir_updated_by_a_later_layer", "ok", _readonly)
+def _(o):
+    """Rootless, the caller has no DAC override: directories keep u+rwx so a
+    later layer can still add and remove entries (and the store can remove
+    the tree)."""
+    return [layer(member("ro", DIR, mode=0o555), member("ro/f", data=b"x", mode=0),
+                  member("ro/sub", DIR, mode=0), member("ro/sub/x", data=b"x", mode=0)),
+            layer(member("ro/g", data=b"y", mode=0o400), member("ro/.wh.f"),
+                  member("ro/.wh.sub"))]
 
 
 # --- bombs and garbage ---------------------------------------------------------
