@@ -75,14 +75,18 @@ def apply_layer(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None
     if media_type is not None and media_type not in MEDIA_TYPES:
         raise ImageError(f"unsupported layer media type {printable(media_type)[:200]}",
                          hint="encrypted and foreign layer formats are not supported")
-    reader = TarReader(fileobj, limits or Limits())
-    app = _Applier(rootfd, rootless, reader.lim)
     try:
-        for e in reader.entries():
-            app.entry(e, reader)
-        app.finish()
-    finally:
-        app.close()
+        reader = TarReader(fileobj, limits or Limits())
+        app = _Applier(rootfd, rootless, reader.lim)
+        try:
+            for e in reader.entries():
+                app.entry(e, reader)
+            app.finish()
+        finally:
+            app.close()
+    except OSError as err:  # reading the blob (member operations are wrapped per member)
+        raise ImageError("cannot read layer", os.strerror(err.errno) if err.errno
+                         else str(err)) from None
     if app.skipped and warn:
         warn(f"skipped {app.skipped} device node{'s' if app.skipped > 1 else ''} of the "
              "layer (the sandbox provides its own /dev)")

@@ -232,3 +232,14 @@ def test_matches_umoci_on_a_real_image(tmp_path, tree):
     assert corpus.tree(tree.path) == corpus.tree(bundle / "rootfs")
     assert tree.listing() == {"etc": "dir", "etc/new": "n", "data": "dir", "hosts.link": "h",
                               "swap": "dir", "swap/now-a-dir": "dir", "sym": "file now"}
+
+
+def test_read_error_of_the_blob_is_an_image_error(tree):
+    class Failing(io.RawIOBase):
+        def readable(self):
+            return True
+
+        def read(self, n=-1):
+            raise OSError(5, "Input/output error")
+    with raises("cannot read layer: Input/output error"):
+        tree.apply(Failing())

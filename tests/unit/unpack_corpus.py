@@ -365,6 +365,16 @@ def _(o):
                   member("ro/.wh.sub"))]
 
 
+def _zstd_ok(root, ctx):
+    return [] if open(os.path.join(root, "z"), "rb").read() == b"zstd" else ["z content"]
+
+
+@case("zstd_layer", "ok", _zstd_ok)
+def _(o):
+    import zstandard  # a dependency of the package: must be installed with it
+    return [zstandard.ZstdCompressor().compress(layer(member("z", data=b"zstd")))]
+
+
 # --- bombs and garbage ---------------------------------------------------------
 @case("zero_bomb_total_limit", "error", "larger than the limit",
       Limits(max_bytes=64 << 20))
