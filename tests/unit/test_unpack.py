@@ -243,3 +243,20 @@ def test_read_error_of_the_blob_is_an_image_error(tree):
             raise OSError(5, "Input/output error")
     with raises("cannot read layer: Input/output error"):
         tree.apply(Failing())
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_long_names_in_every_tar_format(tree, fmt):
+    """ustar's prefix field, GNU 'L'/'K' headers and PAX path/linkpath."""
+    deep = "/".join(["d" * 50] * 3) + "/file"          # 157 bytes: needs prefix/L/PAX
+    target = "../" * 3 + "t" * 120 if fmt != tarfile.USTAR_FORMAT else "short"
+    b = io.BytesIO()
+    with tarfile.open(fileobj=b, mode="w", format=fmt) as t:
+        linked = deep if fmt != tarfile.USTAR_FORMAT else "f"  # ustar: linkname <= 100
+        for ti, data in (member(deep, data=b"deep"), member("f", data=b"f"),
+                         member("s", SYM, linkname=target), member("h", LNK, linkname=linked)):
+            t.addfile(ti, io.BytesIO(data))
+    tree.apply(b.getvalue())
+    assert (tree.path / deep).read_bytes() == b"deep"
+    assert os.readlink(tree.path / "s") == target
+    assert os.lstat(tree.path / "h").st_ino == os.lstat(tree.path / linked).st_ino
