@@ -113,8 +113,12 @@ def tree(path):
         for n in sorted(dirs + files):
             p = os.path.join(d, n)
             st = os.lstat(p)
-            body = os.readlink(p) if stat.S_ISLNK(st.st_mode) else (
-                hashlib.sha256(open(p, "rb").read()).hexdigest() if stat.S_ISREG(st.st_mode) else "")
+            body = ""
+            if stat.S_ISLNK(st.st_mode):
+                body = os.readlink(p)
+            elif stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as f:
+                    body = hashlib.sha256(f.read()).hexdigest()
             out[os.path.relpath(p, path)] = (st.st_mode, st.st_uid, st.st_nlink, body)
     st = os.lstat(path)
     out["."] = (st.st_mode, st.st_uid)
