@@ -235,7 +235,13 @@ class TarReader:
     def __init__(self, fileobj, limits):
         self.lim = limits
         self.src = _Input(fileobj)
-        self.kind = sniff(self.src.peek(4))
+        head = self.src.peek(10)
+        self.kind = sniff(head[:4])
+        # (A tar's first bytes are a member name: only full magics count.)
+        if head[:6] == b"\xfd7zXZ\0" or (head[:3] == b"BZh" and head[4:10] == b"1AY&SY"):
+            raise ImageError("unsupported layer compression",
+                             f"{'bzip2' if head[:1] == b'B' else 'xz'} (OCI layers are "
+                             "gzip, zstd or uncompressed tar)")
         self.dec = {"gzip": _Gzip, "zstd": _Zstd}.get(self.kind, lambda s: s)(self.src)
         self.h = hashlib.sha256()
         self.total = 0

@@ -260,3 +260,10 @@ def test_long_names_in_every_tar_format(tree, fmt):
     assert (tree.path / deep).read_bytes() == b"deep"
     assert os.readlink(tree.path / "s") == target
     assert os.lstat(tree.path / "h").st_ino == os.lstat(tree.path / linked).st_ino
+
+
+@pytest.mark.parametrize("comp", ["bz2", "lzma"])
+def test_other_compressions_are_named(tree, comp):
+    mod = __import__(comp)
+    with raises("unsupported layer compression"):
+        tree.apply(mod.compress(layer(member("f", data=b"x"))))
