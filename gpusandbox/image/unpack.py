@@ -115,7 +115,8 @@ class _Applier:
         self.dirtime_bytes = 0
         self.count = 0
         self.skipped = 0
-        self._pc = None  # (path, fd) of the last parent directory
+        self._pc = None  # (path, fd, rmdirs) of the last parent directory
+        self.rmdirs = 0
 
     def close(self):
         if self._pc:
@@ -194,11 +195,13 @@ class _Applier:
         path = b"/".join(comps)
         if not comps:
             return self.root
-        if self._pc and self._pc[0] == path:
+        # Reused only while no directory was removed since: a member may have
+        # removed the cached one (replaced it by a file, whited it out).
+        if self._pc and self._pc[0] == path and self._pc[2] == self.rmdirs:
             return self._pc[1]
         fd = self._open_dir(comps, True)
         self.close()
-        self._pc = (path, fd)
+        self._pc = (path, fd, self.rmdirs)
         return fd
 
     def _clear(self, pfd, leaf, keep_dir=False):
@@ -213,6 +216,7 @@ class _Applier:
                 return True
             # The fd-based rmtree: opens each level O_NOFOLLOW-equivalent and
             # checks it is the directory it lstat'ed, never following a link.
+            self.rmdirs += 1
             shutil.rmtree(leaf, dir_fd=pfd)
         else:
             os.unlink(leaf, dir_fd=pfd)

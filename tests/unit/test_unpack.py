@@ -267,3 +267,12 @@ def test_other_compressions_are_named(tree, comp):
     mod = __import__(comp)
     with raises("unsupported layer compression"):
         tree.apply(mod.compress(layer(member("f", data=b"x"))))
+
+
+def test_directory_replaced_and_made_again_within_one_layer(tree):
+    """The applier keeps the last parent directory open: a member that removes
+    it (a file of the same name) must not leave later members writing into
+    the removed directory."""
+    tree.apply(layer(member("a/x", data=b"x"), member("a", data=b"file"), member("a", DIR),
+                     member("a/y", data=b"y")))
+    assert tree.listing() == {"a": "dir", "a/y": "y"}
