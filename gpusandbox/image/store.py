@@ -11,9 +11,10 @@ Everything is published by rename from tmp/ (same filesystem) after its
 content is verified and fsynced, so a reader sees a complete blob or image
 or nothing, and never locks.  Writers lock per blob and per image (flock),
 so concurrent pulls of one image fetch each blob once and unpack it once.
-A staging entry is flock'ed by its writer for its whole life: one that can
-be locked by anybody else belongs to a dead writer (SIGKILL, node crash)
-and is removed by the next pull or prune, on any node of a shared store.
+A staging entry carries its writer's owner token, whose lock file the
+writer holds flock'ed for its whole life: an entry whose owner lock can be
+taken belongs to a dead writer (SIGKILL, node crash) and is removed by the
+next pull or prune, on any node of a shared store.
 Every pull holds locks/gc shared; rmi and prune take it exclusively, so
 nothing a running pull needs disappears under it.
 
@@ -159,7 +160,10 @@ class Store:
                     os.mkdir(d, 0o700, dir_fd=self.fd)
                 except FileExistsError:
                     pass
-        self.host = socket.gethostname()[:64].replace("/", "_")
+        self.host = "".join(c if c.isalnum() or c in ".-" else "-"
+                            for c in socket.gethostname()[:64])
+        self._own = None
+        self._n = 0
 
     def close(self):
         os.close(self.fd)
@@ -172,29 +176,59 @@ class Store:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         return fd
 
+    def _owner(self):
+        """This process's owner token, with locks/owner-<token> held locked
+        for its life: a staging entry is named with the token of its writer,
+        and its writer is alive exactly while that lock is held (process
+        death releases it, on any node of a shared store)."""
+        if self._own is None or self._own[0] != os.getpid():
+            token = f"{os.getpid()}-{secrets.token_hex(4)}-{self.host}"
+            fd = os.open(f"locks/owner-{token}", os.O_RDWR | os.O_CREAT | os.O_EXCL
+                         | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=self.fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._own = (os.getpid(), token, fd)
+        return self._own[1]
+
     def _staging_name(self, kind):
-        return f"tmp/{kind}-{self.host}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._n += 1
+        return f"tmp/{kind}_{self._owner()}_{self._n}"
+
+    def _owner_alive(self, token, dead):
+        if token in dead:
+            return False
+        try:
+            fd = os.open(f"locks/owner-{token}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=self.fd)
+        except FileNotFoundError:
+            dead[token] = None
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return True
+        dead[token] = fd                 # held until its entries are gone
+        return False
 
     def clean_staging(self):
-        """Remove staging entries whose writer is gone (their flock is free)."""
+        """Remove staging entries whose writer is gone, and its owner file."""
         tfd = os.open("tmp", _DIR, dir_fd=self.fd)
+        dead = {}
         try:
             for name in os.listdir(tfd):
-                try:
-                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=tfd)
-                except OSError:
-                    continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    os.close(fd)
-                    continue           # its writer is alive
-                try:
+                kind, _, rest = name.partition("_")
+                token = rest.rpartition("_")[0]
+                if not token or not self._owner_alive(token, dead):
                     rmtree_at(tfd, name)
-                finally:
-                    os.close(fd)
         finally:
             os.close(tfd)
+            for token, fd in dead.items():
+                if fd is not None:
+                    try:
+                        os.unlink(f"locks/owner-{token}", dir_fd=self.fd)
+                    except OSError:
+                        pass
+                    os.close(fd)
 
     # -- blobs ------------------------------------------------------------
 
@@ -227,7 +261,6 @@ class Store:
             tmp = self._staging_name("blob")
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
                          dir_fd=self.fd)
-            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 with os.fdopen(os.dup(fd), "wb") as f:
                     w = _Writer(f, desc)
@@ -348,7 +381,6 @@ class Store:
         tmp = self._staging_name("image")
         os.mkdir(tmp, 0o700, dir_fd=self.fd)
         sfd = os.open(tmp, _DIR, dir_fd=self.fd)
-        fcntl.flock(sfd, fcntl.LOCK_EX)
         try:
             os.mkdir("rootfs", 0o755, dir_fd=sfd)
             rootfd = os.open("rootfs", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -405,7 +437,6 @@ class Store:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
                      dir_fd=self.fd)
         with os.fdopen(fd, "wb") as f:
-            fcntl.flock(fd, fcntl.LOCK_EX)   # alive: clean_staging leaves it
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -551,7 +582,7 @@ class Store:
             lfd = os.open("locks", _DIR, dir_fd=self.fd)
             try:
                 for name in os.listdir(lfd):
-                    if name != "gc":
+                    if name.startswith(("blob-", "image-")):
                         os.unlink(name, dir_fd=lfd)
             finally:
                 os.close(lfd)
