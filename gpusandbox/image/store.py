@@ -164,6 +164,7 @@ class Store:
                             for c in socket.gethostname()[:64])
         self._own = None
         self._n = 0
+        self._fetched = []
 
     def close(self):
         os.close(self.fd)
@@ -269,6 +270,7 @@ class Store:
                     f.flush()
                     os.fsync(f.fileno())
                 os.rename(tmp, path, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                self._fetched.append(desc["digest"])
             except BaseException:
                 try:
                     os.unlink(tmp, dir_fd=self.fd)
@@ -340,6 +342,7 @@ class Store:
         unnamed.  Returns its image record."""
         want = platform or mf.host_platform()
         gc = self.lock("gc", shared=True)
+        self._fetched = []
         try:
             self.clean_staging()
             dig, man, raw = source.manifest(want)
@@ -354,6 +357,34 @@ class Store:
                 self.set_ref(name, dig)
             self.touch(dig)
             return self.image_record(dig)
+        except BaseException:
+            self._forget(gc)
+            gc = None
+            raise
+        finally:
+            if gc is not None:
+                os.close(gc)
+
+    def _forget(self, gc):
+        """After a failed pull: remove the blobs it fetched that no image
+        needs, so bad input leaves nothing behind.  Only when no other pull
+        runs (gc taken exclusively without waiting); else prune does it."""
+        try:
+            fcntl.flock(gc, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(gc)
+            return
+        try:
+            needed = set()
+            for d in self.image_digests():
+                rec = self.image_record(d) or {}
+                needed.update([d, rec.get("config")] + list(rec.get("layers") or []))
+            for d in self._fetched:
+                if d not in needed:
+                    try:
+                        os.unlink(self.blob_path(d), dir_fd=self.fd)
+                    except OSError:
+                        pass
         finally:
             os.close(gc)
 

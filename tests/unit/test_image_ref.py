@@ -59,3 +59,20 @@ def test_local_transports(tmp_path):
                 f"docker-archive:/x.tar:foo@{D}"):
         with pytest.raises(ImageError):
             refmod.parse(bad)
+
+
+def test_run_of_a_directory_imports_no_image_module(tmp_path):
+    """`run DIR` decides by the argument's form and loads nothing of
+    gpusandbox.image; an image reference is recognised as one."""
+    import subprocess
+    import sys
+    code = ("import sys; from gpusandbox.cli import parse_run_args\n"
+            f"s = parse_run_args([{str(tmp_path)!r}, 'true']); assert not s.image_ref\n"
+            "for ref in ('docker://x', 'oci:/l', 'ubuntu:22.04', 'nosuchdir'):\n"
+            "    assert parse_run_args([ref]).image_ref, ref\n"
+            "assert not parse_run_args(['/no/such', 'x']).image_ref\n"
+            "print(sorted(m for m in sys.modules if m.startswith('gpusandbox.image')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

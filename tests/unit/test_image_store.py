@@ -131,6 +131,7 @@ def test_diff_id_mismatch_publishes_nothing(tmp_path):
         st.pull(archive.OciLayoutSource(lay), ["x"])
     assert st.image_digests() == [] and st.refs() == []
     assert os.listdir(st.root + "/tmp") == [] and os.listdir(st.root + "/images") == []
+    assert os.listdir(st.root + "/blobs/sha256") == []   # the bad pull's blobs went too
 
 
 def test_foreign_arch_refused(tmp_path):
