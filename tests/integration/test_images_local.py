@@ -46,7 +46,14 @@ def image_files(workdir_base):
             if not os.path.islink(p):
                 os.chmod(p, 0o755 if os.access(p, os.X_OK) else 0o644)
     return {"layout": lay, "archive": str(d / "layout.tar"), "docker": str(d / "docker.tar"),
-            "digest": fx.sha(man)}
+            "digest": fx.sha(man), "base": base}
+
+
+def _layout(where, base, layers=(), arch="amd64", **cfg):
+    man, blobs = fx.build_image([base] + list(layers), arch=arch, **cfg)
+    lay = fx.write_layout(str(where), [("t", man, blobs)])
+    subprocess.run(["chmod", "-R", "a+rX", lay], check=True)
+    return f"oci:{lay}:t"
 
 
 def fx_repo():
@@ -175,3 +182,75 @@ def test_bad_input_one_line_nothing_left(runner, store, image_files, shared_tmp,
         assert lines[0].startswith("gpusandbox: error: ") and len(lines) <= 2, r.stderr
         assert len(lines) == 1 or lines[1].startswith("hint: ")
         assert _leftovers(store) == []
+
+
+PASSWD = (b"root:x:0:0:root:/root:/bin/sh\n"
+          b"svc:x:1234:2345:svc:/home/svc:/bin/sh\n")
+
+
+@pytest.mark.parametrize("user,want", [("1000:1001", "1000 1001"), ("svc", "1234 2345")])
+def test_image_user(runner, store, image_files, shared_tmp, user, want):
+    ref = _layout(shared_tmp / "lay", image_files["base"],
+                  [{"etc/": None, "etc/passwd": PASSWD}], User=user)
+    r = gsbx(runner, store, ["run", ref, "sh", "-c", "echo $(id -u) $(id -g)"])
+    assert r.returncode == 0, r.stderr
+    if runner.mode == "root":
+        assert r.stdout == want + "\n" and r.stderr == ""
+    else:
+        # rootless: the command runs as the caller, with one note line
+        assert r.stdout == f"{runner.uid} {runner.gid}\n"
+        assert r.stderr.startswith(f"gpusandbox: note: the image's User '{user}' is not applied")
+        assert len(r.stderr.splitlines()) == 1
+
+
+def test_image_user_passwd_hostile(runner, store, image_files, shared_tmp):
+    """An image /etc/passwd that is a symlink to /dev/zero: never read
+    unbounded, the name is simply not found (root resolves names)."""
+    ref = _layout(shared_tmp / "lay", image_files["base"],
+                  [{"etc/": None, "etc/passwd": ("link", "/dev/zero")}], User="svc")
+    r = gsbx(runner, store, ["run", ref, "true"], timeout=60)
+    if runner.mode == "root":
+        assert r.returncode == 125
+        assert r.stderr.startswith("gpusandbox: error: the image's User 'svc' is not in its "
+                                   "/etc/passwd"), r.stderr
+    else:
+        assert r.returncode == 0, r.stderr
+
+
+def test_foreign_architecture_refused(runner, store, image_files, shared_tmp):
+    ref = _layout(shared_tmp / "lay", image_files["base"], arch="s390x", Cmd=["true"])
+    r = gsbx(runner, store, ["run", ref])
+    assert r.returncode == 125
+    assert r.stderr.splitlines() == [
+        "gpusandbox: error: the image is for linux/s390x; this host runs linux/amd64",
+        "hint: to run it anyway (emulated), pass --platform linux/s390x"]
+    assert _leftovers(store) == []
+    r = gsbx(runner, store, ["pull", "-q", "--platform", "linux/s390x", ref])
+    assert r.returncode == 0, r.stderr
+
+
+def test_workdir_through_proc_contained(runner, store, image_files, shared_tmp):
+    ref = _layout(shared_tmp / "lay", image_files["base"], WorkingDir="/proc/self/fd/3")
+    r = gsbx(runner, store, ["run", ref, "sh", "-c", "pwd; ls"])
+    # refused, or inside the sandbox's own /proc: never a host directory
+    assert r.returncode == 125 or r.stdout.startswith("/proc/"), (r.stdout, r.stderr)
+    assert str(store) not in r.stdout
+
+
+def test_site_store_searched_after_own(runner, store, image_files, shared_tmp):
+    site = shared_tmp / "site"
+    r = subprocess.run([runner.cli, "pull", "-q", "--store", str(site),
+                        f"docker-archive:{image_files['docker']}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    os.chmod(site, 0o755)
+    subprocess.run(["chmod", "-R", "a+rX", str(site)], check=True)
+    cmd = [runner.cli, "run", "gsbx/test:1", "echo site"]
+    if runner.mode == "rootless":
+        cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
+               "--clear-groups", "--"] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd="/",
+                       env=runner.env({"GPUSANDBOX_STORE": str(store),
+                                       "GPUSANDBOX_SITE_STORE": str(site)}))
+    assert (r.returncode, r.stdout) == (0, "site\n"), r.stderr
+    assert _leftovers(store) == []            # nothing copied into the own store
