@@ -85,6 +85,27 @@ class _Writer:
         self.f.write(data)
         return len(data)
 
+    # A source may restart a cut-off download from the start (the registry
+    # client does when a server cannot resume): seek(0) + truncate().
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.f.tell()
+
+    def seek(self, pos, whence=0):
+        if (pos, whence) != (0, 0):
+            raise OSError(errno.ESPIPE, "a blob is restarted only from its start")
+        self.f.seek(0)
+        self.v = digestmod.Verifier(self.v.digest, self.v.size)
+        return 0
+
+    def truncate(self, size=None):
+        return self.f.truncate(size)
+
+    def flush(self):
+        self.f.flush()
+
 
 def _mkdir_p(path, mode=0o700):
     try:

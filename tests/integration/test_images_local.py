@@ -254,3 +254,42 @@ def test_site_store_searched_after_own(runner, store, image_files, shared_tmp):
                                        "GPUSANDBOX_SITE_STORE": str(site)}))
     assert (r.returncode, r.stdout) == (0, "site\n"), r.stderr
     assert _leftovers(store) == []            # nothing copied into the own store
+
+
+def test_skopeo_written_archives(runner, store, image_files, shared_tmp):
+    """Archives written by a real tool (skopeo copy) from the test layout:
+    a docker-archive as `docker save` lays it out, and an oci-archive."""
+    import shutil
+    if not shutil.which("skopeo"):
+        pytest.skip("skopeo is not installed (scripts/test installs it)")
+    src = f"oci:{image_files['layout']}:v1"
+    d, o = shared_tmp / "sk-docker.tar", shared_tmp / "sk-oci.tar"
+    for dst in (f"docker-archive:{d}:gsbx/sk:2", f"oci-archive:{o}:v9"):
+        subprocess.run(["skopeo", "--insecure-policy", "copy", "-q", src, dst], check=True,
+                       capture_output=True)
+    os.chmod(d, 0o644)
+    os.chmod(o, 0o644)
+    r = gsbx(runner, store, ["run", f"docker-archive:{d}"])
+    assert (r.returncode, r.stdout) == (0, "cmd:yes:image:/srv/app\n"), r.stderr
+    r = gsbx(runner, store, ["run", f"oci-archive:{o}:v9", "cat hello"])
+    assert (r.returncode, r.stdout) == (0, "hello from the image\n"), r.stderr
+    names = [x["reference"] for x in json.loads(gsbx(runner, store, ["images", "--json"]).stdout)]
+    assert sorted(names) == sorted(["docker.io/gsbx/sk:2", f"oci-archive:{o}:v9"])
+
+
+def test_concurrent_runs_on_a_cold_store(runner, store, image_files):
+    """8 `run oci:` at once on an empty store: all succeed, one image, no
+    staging left."""
+    ref = f"oci:{image_files['layout']}:v1"
+    cmd = [runner.cli, "run", ref, "cat hello"]
+    if runner.mode == "rootless":
+        cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
+               "--clear-groups", "--"] + cmd
+    env = runner.env({"GPUSANDBOX_STORE": str(store)})
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd="/") for _ in range(8)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, [e for _, e in outs]
+    assert all(o == "hello from the image\n" for o, _ in outs)
+    assert os.listdir(store / "images") == [image_files["digest"][7:]]
+    assert os.listdir(store / "tmp") == []

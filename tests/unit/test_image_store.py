@@ -241,3 +241,36 @@ def test_store_owned_by_another_user_refused(tmp_path):
     os.chown(d, 65534, 65534)
     with pytest.raises(ImageError, match="belongs to uid 65534"):
         storemod.Store(str(d))
+
+
+class Restarting:
+    """A test-only source that writes half a blob, then restarts it from the
+    start (seek(0) + truncate) as the registry client does after a cut."""
+
+    def __init__(self, src):
+        self.src = src
+
+    def manifest(self, platform):
+        return self.src.manifest(platform)
+
+    def blob(self, desc, out):
+        buf = io.BytesIO()
+        self.src.blob(desc, buf)
+        data = buf.getvalue()
+        out.write(data[:len(data) // 2])
+        out.seek(out.tell() * 0)
+        out.truncate()
+        out.write(data)
+        out.flush()
+
+    def close(self):
+        pass
+
+
+def test_blob_restarted_by_source(tmp_path, layout):
+    lay, man, blobs = layout
+    st = storemod.Store(str(tmp_path / "s"))
+    rec = st.pull(Restarting(archive.OciLayoutSource(lay, "v1")), ["r:1"])
+    assert rec["digest"] == fx.sha(man)
+    for d in blobs:
+        assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
