@@ -38,20 +38,6 @@ def _oserrors(fn):
     return wrapped
 
 
-def _progress(quiet):
-    def report(event, item):
-        if quiet:
-            return
-        if event == "warn":
-            sys.stderr.write(f"gpusandbox: warning: {item}\n")
-        elif event == "blob":
-            sys.stderr.write(f"fetched {item['digest'][:19]} ({item['size']} bytes)\n")
-        elif event == "layer":
-            sys.stderr.write(f"applied {item['digest'][:19]}\n")
-        sys.stderr.flush()
-    return report
-
-
 @_oserrors
 def main_pull(argv):
     p = _parser("pull", "Pull an image into the store.  REF: docker://[HOST[:PORT]/]REPO"
@@ -62,8 +48,11 @@ def main_pull(argv):
     p.add_argument("--platform", metavar="OS/ARCH[/VARIANT]")
     p.add_argument("--authfile", metavar="FILE")
     p.add_argument("--tls-verify", default="true", choices=("true", "false"))
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("--progress", default="auto", choices=("auto", "tty", "plain", "json", "none"))
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the digest")
     a = p.parse_args(argv)
+    from .progress import Progress
+    prog = Progress("none" if a.quiet else a.progress)
     from .runimage import stores
     from .sources import names_for, open_source
     ref = refmod.parse(a.ref)
@@ -76,9 +65,10 @@ def main_pull(argv):
                             "platform": platform})
     try:
         rec = st.pull(src, names_for(ref), platform=platform, asked=platform is not None,
-                      progress=_progress(a.quiet))
+                      progress=prog)
     finally:
         src.close()
+    prog.finish()
     sys.stdout.write(rec["digest"] + "\n")
     return 0
 

@@ -69,7 +69,11 @@ def prepare(spec):
                          "drop --rw: writes go to a private overlay discarded at exit")
     ref = refmod.parse(spec.image)
     platform = mf.parse_platform(spec.platform) if spec.platform else None
-    st, dig = obtain(ref, stores(spec.store), platform)
+    from .progress import Progress
+    # A pull on a miss shows progress on a terminal, and as plain lines for a
+    # registry (minutes, in a batch log); a local import stays quiet.
+    mode = "tty" if sys.stderr.isatty() else "plain" if ref.transport == "docker" else "none"
+    st, dig = obtain(ref, stores(spec.store), platform, progress=Progress(mode))
     rec = st.image_record(dig)
     if not rec:
         raise ImageError(f"image {dig} in {st.root} has no readable record", None,

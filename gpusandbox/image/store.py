@@ -76,13 +76,16 @@ class _Writer:
     """A file object that hashes and counts what it is given, so the store
     checks every blob itself whatever source wrote it."""
 
-    def __init__(self, f, desc):
+    def __init__(self, f, desc, progress=None):
         self.f = f
         self.v = digestmod.Verifier(desc["digest"], desc["size"])
+        self.progress = progress
 
     def write(self, data):
         self.v.update(data)
         self.f.write(data)
+        if self.progress:
+            self.progress("bytes", len(data))
         return len(data)
 
     # A source may restart a cut-off download from the start (the registry
@@ -285,7 +288,7 @@ class Store:
                          dir_fd=self.fd)
             try:
                 with os.fdopen(os.dup(fd), "wb") as f:
-                    w = _Writer(f, desc)
+                    w = _Writer(f, desc, progress)
                     source.blob(desc, w)
                     w.v.check()
                     f.flush()
@@ -418,7 +421,13 @@ class Store:
         if len(conf.diff_ids) != len(layers):
             raise ImageError(f"image {dig}: {len(layers)} layers but "
                              f"{len(conf.diff_ids)} diff_ids in its config", None)
+        if progress:
+            progress("start", {"layers": len(layers),
+                               "total": sum(d["size"] for d in layers
+                                            if not self.has_blob(d))})
         for d in layers:
+            if self.has_blob(d) and progress:
+                progress("cached", d)
             self.ensure_blob(source, d, progress)
         lk = self.lock("image-" + dig.partition(":")[2])
         try:
