@@ -142,9 +142,6 @@ def main_inspect(argv):
     a = p.parse_args(argv)
     from .runimage import find, stores
     ref = refmod.parse(a.ref)
-    if ref.transport not in ("store", "docker"):
-        raise UsageError(f"inspect {a.ref}", "only images in the store are inspected",
-                         "pull it first")
     all_stores = stores(a.store)
     hit = find(ref, all_stores)
     if hit is None:

@@ -23,11 +23,8 @@ staging directory are 0700, so a setuid file in an image is reachable by
 nobody else on the host."""
 import errno
 import fcntl
-import hashlib
 import json
 import os
-import secrets
-import socket
 import stat
 import time
 
@@ -58,6 +55,7 @@ def escape(name):
     out = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else
                   "".join(f"%{b:02X}" for b in c.encode()) for c in name)
     if len(out) > MAX_REF_FILE:
+        import hashlib
         out = "h-" + hashlib.sha256(name.encode()).hexdigest()
     return out
 
@@ -185,7 +183,7 @@ class Store:
                 except FileExistsError:
                     pass
         self.host = "".join(c if c.isalnum() or c in ".-" else "-"
-                            for c in socket.gethostname()[:64])
+                            for c in os.uname().nodename[:64])
         self._own = None
         self._n = 0
         self._fetched = []
@@ -207,7 +205,7 @@ class Store:
         and its writer is alive exactly while that lock is held (process
         death releases it, on any node of a shared store)."""
         if self._own is None or self._own[0] != os.getpid():
-            token = f"{os.getpid()}-{secrets.token_hex(4)}-{self.host}"
+            token = f"{os.getpid()}-{os.urandom(4).hex()}-{self.host}"
             fd = os.open(f"locks/owner-{token}", os.O_RDWR | os.O_CREAT | os.O_EXCL
                          | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=self.fd)
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -365,16 +363,23 @@ class Store:
         refs are written under the gc lock, so no prune sees the image
         unnamed.  Returns its image record."""
         want = platform or mf.host_platform()
+        dig, man, raw = source.manifest(want)
+        h = digestmod.hasher(dig)
+        h.update(raw)
+        if f"{dig.partition(':')[0]}:{h.hexdigest()}" != dig:
+            raise ImageError(f"manifest {dig} does not match its digest", None)
+        mf.check_manifest(man)
+        if self.has_image(dig):
+            # Already here (a local layout run again): no lock when every
+            # name already points at it.
+            wanted = names(source) if callable(names) else list(names or ())
+            if all(self.get_ref(n) == dig for n in wanted):
+                self.touch(dig)
+                return self.image_record(dig)
         gc = self.lock("gc", shared=True)
         self._fetched = []
         try:
             self.clean_staging()
-            dig, man, raw = source.manifest(want)
-            h = digestmod.hasher(dig)
-            h.update(raw)
-            if f"{dig.partition(':')[0]}:{h.hexdigest()}" != dig:
-                raise ImageError(f"manifest {dig} does not match its digest", None)
-            mf.check_manifest(man)
             if not self.has_image(dig):
                 self._build(source, dig, man, raw, want, asked, progress)
             for name in (names(source) if callable(names) else names or ()):
