@@ -175,13 +175,21 @@ class Store:
                 raise ImageError(f"the image store {self.root} belongs to uid {st.st_uid}",
                                  "a store is written only by its owner",
                                  "use your own with --store DIR or GPUSANDBOX_STORE")
-            if stat.S_IMODE(st.st_mode) & 0o077:
-                os.fchmod(self.fd, 0o700)
+            # A store its owner opened to others (a site store being
+            # filled) publishes readable entries; else everything is private.
+            self.shared = bool(stat.S_IMODE(st.st_mode) & 0o055)
+            if self.shared:
+                self._check_nosuid()
             for d in SUBDIRS:
                 try:
-                    os.mkdir(d, 0o700, dir_fd=self.fd)
+                    os.mkdir(d, 0o755 if self.shared and d not in ("tmp", "locks") else 0o700,
+                             dir_fd=self.fd)
                 except FileExistsError:
                     pass
+        else:
+            self.shared = True
+            if os.fstat(self.fd).st_uid != os.geteuid():
+                self._check_nosuid()
         self.host = "".join(c if c.isalnum() or c in ".-" else "-"
                             for c in os.uname().nodename[:64])
         self._own = None
@@ -190,6 +198,21 @@ class Store:
 
     def close(self):
         os.close(self.fd)
+
+    def _check_nosuid(self):
+        """A store other users read must be on a nosuid filesystem: its
+        images keep their setuid files (as built), which would otherwise be
+        executable with their owner's rights by every host user."""
+        if not os.statvfs(self.root).f_flag & os.ST_NOSUID:
+            os.close(self.fd)
+            raise ImageError(f"the image store {self.root} is shared with other users but its "
+                             "filesystem is not mounted nosuid",
+                             "setuid files in its images would be usable on the host",
+                             "mount it nosuid, or keep the store private (chmod 700)")
+
+    def _publish_mode(self, fd, is_dir):
+        if self.shared:
+            os.fchmod(fd, 0o755 if is_dir else 0o644)
 
     # -- locks and staging ------------------------------------------------
 
@@ -289,6 +312,7 @@ class Store:
                     w = _Writer(f, desc, progress)
                     source.blob(desc, w)
                     w.v.check()
+                    self._publish_mode(f.fileno(), False)
                     f.flush()
                     os.fsync(f.fileno())
                 os.rename(tmp, path, src_dir_fd=self.fd, dst_dir_fd=self.fd)
@@ -480,7 +504,9 @@ class Store:
                              0o600, dir_fd=sfd)
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
+                    self._publish_mode(f.fileno(), False)
                     os.fsync(f.fileno())
+            self._publish_mode(sfd, True)
             os.fsync(sfd)
             os.rename(tmp, self.image_dir(dig), src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
@@ -504,6 +530,7 @@ class Store:
                      dir_fd=self.fd)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            self._publish_mode(fd, False)
             f.flush()
             os.fsync(f.fileno())
             os.rename(tmp, "refs/" + escape(name), src_dir_fd=self.fd, dst_dir_fd=self.fd)

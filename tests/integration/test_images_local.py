@@ -63,11 +63,9 @@ def fx_repo():
 
 @pytest.fixture
 def store(runner, shared_tmp):
-    s = shared_tmp / "store"
-    s.mkdir()
-    os.chown(s, runner.uid, runner.gid)
+    """Where the runner's store will be: gpusandbox creates it (0700)."""
     os.chown(shared_tmp, runner.uid, runner.gid)
-    return s
+    return shared_tmp / "store"
 
 
 def gsbx(runner, store, args, timeout=120):
@@ -237,14 +235,36 @@ def test_workdir_through_proc_contained(runner, store, image_files, shared_tmp):
     assert str(store) not in r.stdout
 
 
-def test_site_store_searched_after_own(runner, store, image_files, shared_tmp):
+@pytest.fixture
+def nosuid_dir(shared_tmp):
+    d = shared_tmp / "nosuid"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "nosuid,nodev,mode=0755,size=256m",
+                    "gsbx-test-site", str(d)], check=True)
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_shared_store_needs_nosuid(runner, image_files, shared_tmp):
+    """A store opened to other users (a site store) must be on a nosuid
+    filesystem: its images keep their setuid files."""
     site = shared_tmp / "site"
+    site.mkdir(mode=0o755)
+    os.chown(site, runner.uid, runner.gid)
+    r = gsbx(runner, site, ["pull", "-q", f"oci:{image_files['layout']}:v1"])
+    assert r.returncode == 125
+    assert r.stderr.startswith(f"gpusandbox: error: the image store {site} is shared with "
+                               "other users but its filesystem is not mounted nosuid"), r.stderr
+    assert os.listdir(site) == []
+
+
+def test_site_store_searched_after_own(runner, store, image_files, nosuid_dir):
+    site = nosuid_dir / "site"
+    site.mkdir(mode=0o755)
     r = subprocess.run([runner.cli, "pull", "-q", "--store", str(site),
                         f"docker-archive:{image_files['docker']}"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    os.chmod(site, 0o755)
-    subprocess.run(["chmod", "-R", "a+rX", str(site)], check=True)
     cmd = [runner.cli, "run", "gsbx/test:1", "echo site"]
     if runner.mode == "rootless":
         cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
@@ -293,3 +313,24 @@ def test_concurrent_runs_on_a_cold_store(runner, store, image_files):
     assert all(o == "hello from the image\n" for o, _ in outs)
     assert os.listdir(store / "images") == [image_files["digest"][7:]]
     assert os.listdir(store / "tmp") == []
+
+
+def test_foreign_site_store_needs_nosuid(runner, store, image_files, shared_tmp):
+    """Another user's site store on a filesystem that honours setuid is
+    refused by `run` (the caller would be handed its setuid files)."""
+    if runner.mode == "root":
+        pytest.skip("the site store belongs to root here: foreign only to the test user")
+    site = shared_tmp / "site"
+    site.mkdir(mode=0o700)
+    r = subprocess.run([runner.cli, "pull", "-q", "--store", str(site),
+                        f"docker-archive:{image_files['docker']}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    subprocess.run(["chmod", "-R", "a+rX", str(site)], check=True)
+    cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}", "--clear-groups",
+           "--", runner.cli, "run", "gsbx/test:1", "true"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd="/",
+                       env=runner.env({"GPUSANDBOX_STORE": str(store),
+                                       "GPUSANDBOX_SITE_STORE": str(site)}))
+    assert r.returncode == 125
+    assert "is shared with other users but its filesystem is not mounted nosuid" in r.stderr
