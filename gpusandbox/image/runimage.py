@@ -67,7 +67,10 @@ def prepare(spec):
         raise ImageError("--rw cannot be used with a store image",
                          "store images are shared and never written",
                          "drop --rw: writes go to a private overlay discarded at exit")
-    ref = refmod.parse(spec.image)
+    if refmod.looks_like_transport(spec.image):
+        ref = refmod.parse(spec.image)
+    else:
+        ref = _store_name(spec.image)
     platform = mf.parse_platform(spec.platform) if spec.platform else None
     from .progress import Progress
     # A pull on a miss shows progress on a terminal, and as plain lines for a
@@ -89,6 +92,22 @@ def prepare(spec):
     if conf.user and spec.user is None and not spec.fakeroot:
         _user(spec, conf, st.bundle(dig) + "/rootfs")
     st.touch(dig)
+
+
+def _store_name(text):
+    """A NAME[:TAG] for the store, or the directory error `run DIR` gives:
+    the argument may be a mistyped path as well as a name."""
+    from ..errors import UsageError
+    if os.path.exists(text):
+        raise UsageError(f"image is not a directory: {text}", None,
+                         "for an archive say which kind: docker-archive:FILE or "
+                         "oci-archive:FILE; a .sqsh file is not supported yet")
+    try:
+        return refmod.parse(text)
+    except ImageError:
+        raise UsageError(f"image directory not found: {text}", None,
+                         "pass a root filesystem directory, or an image reference such as "
+                         "docker://ubuntu:22.04 or oci:DIR") from None
 
 
 def _user(spec, conf, rootfs):

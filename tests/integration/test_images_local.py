@@ -334,3 +334,17 @@ def test_foreign_site_store_needs_nosuid(runner, store, image_files, shared_tmp)
                                        "GPUSANDBOX_SITE_STORE": str(site)}))
     assert r.returncode == 125
     assert "is shared with other users but its filesystem is not mounted nosuid" in r.stderr
+
+
+@pytest.mark.parametrize("arg,want", [
+    ("No_Such_Dir", "gpusandbox: error: image directory not found: No_Such_Dir"),
+    ("tmp/../x", "gpusandbox: error: image directory not found: tmp/../x"),
+    ("etc/passwd", "gpusandbox: error: image is not a directory: etc/passwd"),
+])
+def test_missing_directory_named_like_a_name(root_runner, shared_tmp, arg, want):
+    """A relative IMAGE that is neither a directory nor a store name gets
+    the directory error, not a store one (run's cwd is /)."""
+    os.chown(shared_tmp, 0, 0)
+    r = gsbx(root_runner, shared_tmp / "store", ["run", arg, "true"])
+    assert r.returncode == 125
+    assert r.stderr.splitlines()[0] == want
