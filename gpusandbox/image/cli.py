@@ -60,7 +60,7 @@ def main_pull(argv):
         # `pull ubuntu:22.04` means the registry, as docker pull does.
         ref = refmod.ImageRef("docker", ref.host, ref.repo, ref.tag, ref.digest)
     platform = mf.parse_platform(a.platform) if a.platform else None
-    st = stores(a.store)[0]
+    st = stores(a.store).writable()
     src = open_source(ref, {"authfile": a.authfile, "tls_verify": a.tls_verify == "true",
                             "platform": platform})
     try:
@@ -91,7 +91,7 @@ def main_images(argv):
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     from .runimage import stores
-    rows = [r for st in stores(a.store) for r in _rows(st)]
+    rows = [r for st in stores(a.store) if st is not None for r in _rows(st)]
     if a.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return 0
@@ -110,7 +110,7 @@ def main_rmi(argv):
     p.add_argument("refs", nargs="+", metavar="REF|DIGEST")
     a = p.parse_args(argv)
     from .runimage import stores
-    st = stores(a.store)[0]
+    st = stores(a.store).writable()
     items = []
     for r in a.refs:
         if r.startswith("sha256:") or (len(r) >= 12 and all(c in "0123456789abcdef"
@@ -129,7 +129,7 @@ def main_prune(argv):
                 "and what killed pulls left.")
     a = p.parse_args(argv)
     from .runimage import stores
-    n_img, n_blob, freed = stores(a.store)[0].prune()
+    n_img, n_blob, freed = stores(a.store).writable().prune()
     sys.stdout.write(f"removed {n_img} images, {n_blob} blobs, {freed} bytes\n")
     return 0
 

@@ -274,3 +274,16 @@ def test_blob_restarted_by_source(tmp_path, layout):
     assert rec["digest"] == fx.sha(man)
     for d in blobs:
         assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
+
+
+def test_lookup_creates_no_store(tmp_path, monkeypatch):
+    """`run NAME`, images and inspect only look: no store appears in $HOME."""
+    from gpusandbox.image import ref as refmod, runimage
+    monkeypatch.delenv("GPUSANDBOX_STORE", raising=False)
+    monkeypatch.delenv("GPUSANDBOX_SITE_STORE", raising=False)
+    env = {"HOME": str(tmp_path), "XDG_DATA_HOME": ""}
+    all_stores = runimage.stores(None, env)
+    assert all_stores.root == str(tmp_path / ".local/share/gpusandbox/store")
+    with pytest.raises(ImageError, match="image not found"):
+        runimage.obtain(refmod.parse("ubuntu"), all_stores)
+    assert os.listdir(tmp_path) == []
