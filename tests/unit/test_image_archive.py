@@ -165,3 +165,19 @@ def test_not_a_tar(tmp_path):
         archive.DockerArchiveSource(str(p))
     with pytest.raises(ImageError, match="cannot open OCI layout"):
         archive.OciLayoutSource(str(tmp_path / "none"))
+
+
+def test_manifest_fields_checked():
+    good = json.loads(fx.build_image([{"a": b"1"}])[0])
+    mf.check_manifest(json.loads(json.dumps(good)))
+    for mutate in (lambda m: m.update(schemaVersion=1),
+                   lambda m: m["config"].update(size=(4 << 20) + 1),
+                   lambda m: m["config"].update(mediaType="text/plain"),
+                   lambda m: m["layers"][0].update(mediaType="application/x-evil"),
+                   lambda m: m["layers"][0].update(digest="sha256:" + "g" * 64),
+                   lambda m: m.update(layers={"a": 1}),
+                   lambda m: m.update(layers=[good["layers"][0]] * 501)):
+        m = json.loads(json.dumps(good))
+        mutate(m)
+        with pytest.raises(ImageError):
+            mf.check_manifest(m)
