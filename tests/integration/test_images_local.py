@@ -348,3 +348,47 @@ def test_missing_directory_named_like_a_name(root_runner, shared_tmp, arg, want)
     r = gsbx(root_runner, shared_tmp / "store", ["run", arg, "true"])
     assert r.returncode == 125
     assert r.stderr.splitlines()[0] == want
+
+
+def test_layers_applied_in_order_with_whiteouts(runner, store, image_files, shared_tmp):
+    """Later layers delete (whiteout) and hide (opaque directory) what
+    earlier ones wrote: the store applies them in manifest order."""
+    ref = _layout(shared_tmp / "lay", image_files["base"], [
+        {"opt/": None, "opt/d/": None, "opt/d/a": b"a", "opt/d/b": b"b", "srv/": None,
+         "srv/gone": b"x", "srv/kept": b"k"},
+        {"opt/d/": None, "opt/d/.wh..wh..opq": b"", "opt/d/c": b"c", "srv/": None,
+         "srv/.wh.gone": b""}])
+    r = gsbx(runner, store, ["run", ref, "sh", "-c", "ls /opt/d; ls /srv"])
+    assert (r.returncode, r.stdout) == (0, "c\nkept\n"), r.stderr
+
+
+def test_pull_killed_mid_unpack_then_pulled_again(runner, store, image_files):
+    """SIGKILL while a layer is being applied: no image is published, and
+    the next pull removes the dead staging directory and succeeds."""
+    import signal
+    import time
+    ref = f"oci-archive:{image_files['archive']}"
+    cmd = [runner.cli, "pull", "-q", ref]
+    if runner.mode == "rootless":
+        cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
+               "--clear-groups", "--"] + cmd
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+                         env=runner.env({"GPUSANDBOX_STORE": str(store)}))
+    staged = False
+    while p.poll() is None:
+        tmp = store / "tmp"
+        if tmp.exists() and any(n.startswith("image_") and (tmp / n / "rootfs" / "usr").exists()
+                                for n in os.listdir(tmp)):
+            p.send_signal(signal.SIGKILL)
+            staged = True
+            break
+        time.sleep(0.001)
+    p.wait()
+    if not staged:
+        pytest.skip("the pull finished before a staging directory was seen")
+    assert os.listdir(store / "images") == []
+    assert any(n.startswith("image_") for n in os.listdir(store / "tmp"))
+    r = gsbx(runner, store, ["pull", "-q", ref])
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(store / "images") == [image_files["digest"][7:]]
+    assert os.listdir(store / "tmp") == []
