@@ -9,7 +9,7 @@ from . import config as cfgmod
 from . import manifest as mf
 from . import ref as refmod
 from .digest import ImageError
-from ..errors import UsageError
+from ..errors import UsageError, printable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,12 +95,14 @@ def main_images(argv):
     if a.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return 0
-    sys.stdout.write(f"{'REFERENCE':<50} {'DIGEST':<19} {'SIZE':>10} {'LAST USED':<16}\n")
+    sys.stdout.write(f"{'REFERENCE':<50} {'DIGEST':<19} {'SIZE':>10} {'CREATED':<16} "
+                     f"{'LAST USED':<16}\n")
     for r in rows:
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["last_used"])) \
             if r["last_used"] else "-"
-        sys.stdout.write(f"{r['reference']:<50} {r['digest'][:19]:<19} "
-                         f"{r['size'] or 0:>10} {used:<16}\n")
+        created = (r["created"] or "-")[:16].replace("T", " ")
+        sys.stdout.write(f"{printable(r['reference']):<50} {r['digest'][:19]:<19} "
+                         f"{r['size'] or 0:>10} {printable(created):<16} {used:<16}\n")
     return 0
 
 
@@ -160,5 +162,7 @@ def main_inspect(argv):
         sys.stdout.write(json.dumps(out, indent=1) + "\n")
     else:
         for key, val in out.items():
-            sys.stdout.write(f"{key + ':':<12} {json.dumps(val) if isinstance(val, (list, dict)) else val}\n")
+            # Image strings may hold terminal escapes: JSON-escaped or printable() only.
+            shown = json.dumps(val) if isinstance(val, (list, dict)) else printable(val)
+            sys.stdout.write(f"{key + ':':<12} {shown}\n")
     return 0

@@ -392,3 +392,17 @@ def test_pull_killed_mid_unpack_then_pulled_again(runner, store, image_files):
     assert r.returncode == 0, r.stderr
     assert os.listdir(store / "images") == [image_files["digest"][7:]]
     assert os.listdir(store / "tmp") == []
+
+
+def test_inspect_and_images_escape_image_strings(root_runner, shared_tmp, image_files):
+    """Config strings reach the terminal escaped: an image cannot write
+    terminal control sequences through inspect or images."""
+    os.chown(shared_tmp, 0, 0)
+    store = shared_tmp / "store"
+    ref = _layout(shared_tmp / "lay", image_files["base"], User="a\x1b]0;pwned\x07",
+                  WorkingDir="/w\x1b[2J", Labels={"l": "\x1b[31mred"}, Env=["E=\x1b[1m"])
+    r = gsbx(root_runner, store, ["pull", "-q", ref])
+    assert r.returncode == 0, r.stderr
+    for args in (["inspect", ref], ["inspect", "--json", ref], ["images"], ["images", "--json"]):
+        r = gsbx(root_runner, store, args)
+        assert r.returncode == 0 and "\x1b" not in r.stdout and "\x07" not in r.stdout, args
