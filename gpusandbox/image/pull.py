@@ -52,6 +52,7 @@ def pull(st, source, names=None, platform=None, asked=False, progress=None):
         gc = None
         raise
     finally:
+        st.release_owner()
         if gc is not None:
             os.close(gc)
 

@@ -192,6 +192,17 @@ class Store:
             self._own = (os.getpid(), token, fd)
         return self._own[1]
 
+    def release_owner(self):
+        """Drop this process's owner file once none of its staging entries
+        remains (each was renamed into place or removed)."""
+        if self._own is not None and self._own[0] == os.getpid():
+            try:
+                os.unlink(f"locks/owner-{self._own[1]}", dir_fd=self.fd)
+            except OSError:
+                pass
+            os.close(self._own[2])
+            self._own = None
+
     def _staging_name(self, kind):
         self._n += 1
         return f"tmp/{kind}_{self._owner()}_{self._n}"

@@ -2,6 +2,7 @@
 directory tree removed without following symlinks (images may hold
 read-only directories)."""
 import errno
+import fcntl
 import os
 
 from .digest import ImageError
@@ -85,6 +86,7 @@ def rmi(st, names_or_digests):
                 remove_image(st, d)
         return removed
     finally:
+        st.release_owner()
         os.close(gc)
 
 
@@ -127,8 +129,19 @@ def prune(st):
             for name in os.listdir(lfd):
                 if name.startswith(("blob-", "image-")):
                     os.unlink(name, dir_fd=lfd)
+                elif name.startswith("owner-"):
+                    # a dead process's (its lock is free): a live one's stays
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=lfd)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        os.unlink(name, dir_fd=lfd)
+                    except OSError:
+                        pass
+                    finally:
+                        os.close(fd)
         finally:
             os.close(lfd)
         return n_img, n_blob, freed
     finally:
+        st.release_owner()
         os.close(gc)

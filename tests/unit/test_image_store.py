@@ -94,6 +94,7 @@ def test_pull_publishes_image_and_ref(tmp_path, layout):
         assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
     assert stat.S_IMODE(os.stat(st.root).st_mode) == 0o700
     assert os.listdir(st.root + "/tmp") == []
+    assert not [n for n in os.listdir(st.root + "/locks") if n.startswith("owner-")]
     # a second pull finds it complete and fetches nothing
     log = str(tmp_path / "log")
     st.pull(Counting(archive.OciLayoutSource(lay, "v1"), log), ["other:1"])
@@ -161,6 +162,7 @@ def test_rmi_and_prune(tmp_path, layout):
     n_img, n_blob, _ = st.prune()
     assert (n_img, n_blob) == (0, len(blobs))
     assert os.listdir(st.root + "/blobs/sha256") == []
+    assert os.listdir(st.root + "/locks") == ["gc"]
 
 
 def test_prune_keeps_named_removes_unnamed(tmp_path, layout):
@@ -231,6 +233,8 @@ def test_pull_killed_mid_layer(tmp_path):
     assert rec["digest"] == fx.sha(man)
     assert os.listdir(root + "/tmp") == []  # the dead pull's staging is gone
     assert open(st.bundle(rec["digest"]) + "/rootfs/b").read() == "2"
+    st.prune()    # the killed pull's owner file goes too
+    assert not [n for n in os.listdir(root + "/locks") if n.startswith("owner-")]
 
 
 def test_store_owned_by_another_user_refused(tmp_path):
