@@ -181,3 +181,18 @@ def test_manifest_fields_checked():
         mutate(m)
         with pytest.raises(ImageError):
             mf.check_manifest(m)
+
+
+def test_fifo_blob_never_opened(tmp_path, image):
+    """A FIFO in place of a blob is refused without being opened (an open
+    would block for ever)."""
+    man, blobs = image
+    lay = fx.write_layout(str(tmp_path / "lay"), [(None, man, blobs)])
+    src = archive.OciLayoutSource(lay)
+    _, doc, _ = src.manifest(AMD64)
+    d = doc["layers"][0]
+    p = os.path.join(lay, "blobs", "sha256", d["digest"][7:])
+    os.unlink(p)
+    os.mkfifo(p)
+    with pytest.raises(ImageError, match="not a regular file"):
+        _blob(src, d)
