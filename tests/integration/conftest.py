@@ -49,11 +49,7 @@ def _ensure_cli():
         if not (VENV / "bin" / "python").exists():
             subprocess.run(["/usr/bin/python3", "-m", "venv", str(VENV)], check=True)
             subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "pyroute2", "attrs",
-                            "python-prctl", "zstandard", "setuptools>=61", "wheel"], check=True)
-        # Venvs made before zstandard became a dependency get it here.
-        if subprocess.run([str(VENV / "bin" / "python"), "-c", "import zstandard"],
-                          capture_output=True).returncode:
-            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "zstandard"], check=True)
+                            "python-prctl", "setuptools>=61", "wheel"], check=True)
         stamp = BASE / "stamp"
         want = _src_hash()
         if not stamp.exists() or stamp.read_text() != want:
