@@ -185,22 +185,25 @@ def test_ref_names_escaped():
     assert len(storemod.escape("a" * 1000)) < 100
 
 
-def _pull_child(root, lay, log):
+def _pull_child(root, lay, log, go):
+    go.wait()                       # all start together: a cold store, 32 pulls
     st = storemod.Store(root)
     st.pull(Counting(archive.OciLayoutSource(lay, "v1"), log), ["same:1"])
     os._exit(0)
 
 
-def test_concurrent_pulls_fetch_each_blob_once(tmp_path, layout):
+def test_32_concurrent_pulls_fetch_each_blob_once(tmp_path, layout):
     lay, man, blobs = layout
     root, log = str(tmp_path / "s"), str(tmp_path / "log")
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_pull_child, args=(root, lay, log)) for _ in range(16)]
+    go = ctx.Event()
+    procs = [ctx.Process(target=_pull_child, args=(root, lay, log, go)) for _ in range(32)]
     for p in procs:
         p.start()
+    go.set()
     for p in procs:
         p.join(120)
-    assert [p.exitcode for p in procs] == [0] * 16
+    assert [p.exitcode for p in procs] == [0] * 32
     fetched = open(log).read().split()
     # the manifest is stored from the bytes already read; every other blob once
     assert sorted(fetched) == sorted(d for d in blobs if d != fx.sha(man))
