@@ -107,6 +107,9 @@ def prepare(spec):
     if conf.user and spec.user is None and not spec.fakeroot:
         _user(spec, conf, st.bundle(dig) + "/rootfs")
     st.touch(dig)
+    # Held, never closed: rmi and prune leave the image alone while the
+    # launcher (and the sandbox it waits for) lives.
+    st.hold(dig)
 
 
 def _store_name(text):

@@ -349,6 +349,40 @@ class Store:
         except OSError:
             pass
 
+    def hold(self, dig):
+        """A shared flock on images/<hex>/used, held (never closed) for the
+        life of the launching process and its sandbox: rmi and prune see the
+        image in use.  Never waits: a reader does not queue behind a writer."""
+        if self.readonly:
+            return None
+        try:
+            fd = os.open(self.image_dir(dig) + "/used", os.O_RDONLY | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, dir_fd=self.fd)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ImageError(f"image {dig[:19]} is being removed (gpusandbox rmi or prune)",
+                             None, "pull it again") from None
+        return fd
+
+    def try_exclusive(self, dig):
+        """The image's `used` file locked exclusively, or None when a sandbox
+        holds it (in use); -1 when there is no such file."""
+        try:
+            fd = os.open(self.image_dir(dig) + "/used", os.O_RDONLY | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, dir_fd=self.fd)
+        except FileNotFoundError:
+            return -1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
     def pull(self, source, names=None, platform=None, asked=False, progress=None):
         """Fetch and unpack the image `source` offers (see pull.py)."""
         from .pull import pull

@@ -63,11 +63,13 @@ def remove_image(st, dig):
 
 def rmi(st, names_or_digests):
     """Remove refs (by name or manifest digest) and the images no ref
-    names any more.  Returns the removed [(what, digest)]."""
+    names any more; all or nothing: an unknown item, or an image a running
+    sandbox holds (Store.hold), changes nothing.  Returns [(what, digest)]."""
     gc = st.lock("gc")
+    held = []
     try:
         refs = st.refs()
-        removed = []
+        plan = []
         for item in names_or_digests:
             targets = [(n, d) for n, d in refs if n == item or d == item
                        or (len(item) >= 12 and d.partition(":")[2].startswith(item))]
@@ -76,16 +78,24 @@ def rmi(st, names_or_digests):
             if not targets:
                 raise ImageError(f"no image {item[:120]!r} in the store {st.root}",
                                  None, "'gpusandbox images' lists them")
-            for n, d in targets:
-                if n is not None:
-                    st.remove_ref(n)
-                removed.append((n or d, d))
-        left = {d for _, d in st.refs()}
-        for _, d in removed:
-            if d not in left:
-                remove_image(st, d)
-        return removed
+            plan += [t for t in targets if t not in plan]
+        going = {n for n, _ in plan if n is not None}
+        left = {d for n, d in refs if n not in going}
+        for d in sorted({d for _, d in plan if d not in left}):
+            fd = st.try_exclusive(d)
+            if fd is None:
+                raise ImageError(f"image {d[:19]} is in use by a running sandbox", None,
+                                 "remove it when that sandbox has ended")
+            held.append((d, fd))
+        for n in going:
+            st.remove_ref(n)
+        for d, _ in held:
+            remove_image(st, d)
+        return [(n or d, d) for n, d in plan]
     finally:
+        for _, fd in held:
+            if fd >= 0:
+                os.close(fd)
         st.release_owner()
         os.close(gc)
 
@@ -101,9 +111,13 @@ def prune(st):
         keep = set()
         for d in st.image_digests():
             if d not in named:
-                remove_image(st, d)
-                n_img += 1
-                continue
+                fd = st.try_exclusive(d)
+                if fd is not None:           # else in use: kept with its blobs
+                    remove_image(st, d)
+                    n_img += 1
+                    if fd >= 0:
+                        os.close(fd)
+                    continue
             rec = st.image_record(d) or {}
             keep.add(d)
             keep.add(rec.get("config"))

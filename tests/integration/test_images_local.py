@@ -406,3 +406,30 @@ def test_inspect_and_images_escape_image_strings(root_runner, shared_tmp, image_
     for args in (["inspect", ref], ["inspect", "--json", ref], ["images"], ["images", "--json"]):
         r = gsbx(root_runner, store, args)
         assert r.returncode == 0 and "\x1b" not in r.stdout and "\x07" not in r.stdout, args
+
+
+def test_rmi_and_prune_leave_an_image_in_use(runner, store, image_files):
+    """While a sandbox runs from a store image, rmi refuses to remove it
+    (changing nothing) and prune keeps it; once it ends, both work."""
+    ref = f"oci:{image_files['layout']}:v1"
+    cmd = [runner.cli, "run", ref, "echo up; read x"]
+    if runner.mode == "rootless":
+        cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
+               "--clear-groups", "--"] + cmd
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd="/",
+                         env=runner.env({"GPUSANDBOX_STORE": str(store)}))
+    try:
+        assert p.stdout.readline() == "up\n"
+        r = gsbx(runner, store, ["rmi", ref])
+        assert r.returncode == 125
+        assert r.stderr.startswith("gpusandbox: error: image sha256:") and \
+            "is in use by a running sandbox" in r.stderr, r.stderr
+        assert [x["reference"] for x in json.loads(
+            gsbx(runner, store, ["images", "--json"]).stdout)] == [ref]
+    finally:
+        p.communicate("\n", timeout=60)
+    assert p.returncode == 0, p.stderr
+    r = gsbx(runner, store, ["rmi", ref])
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(store / "images") == []

@@ -294,3 +294,30 @@ def test_lookup_creates_no_store(tmp_path, monkeypatch):
     with pytest.raises(ImageError, match="image not found"):
         runimage.obtain(refmod.parse("ubuntu"), all_stores)
     assert os.listdir(tmp_path) == []
+
+
+def test_prune_and_rmi_keep_an_image_held(tmp_path, layout):
+    lay, man, blobs = layout
+    st = storemod.Store(str(tmp_path / "s"))
+    dig = fx.sha(man)
+    st.pull(archive.OciLayoutSource(lay, "v1"), ["x:1"])
+    fd = storemod.Store(st.root).hold(dig)        # a running sandbox
+    with pytest.raises(ImageError, match="in use"):
+        st.rmi(["x:1", "nope:2"][:1])
+    assert st.get_ref("x:1") == dig               # all or nothing
+    with pytest.raises(ImageError, match="no image 'nope:2'"):
+        st.rmi(["x:1", "nope:2"])
+    assert st.get_ref("x:1") == dig
+    st.remove_ref("x:1")
+    assert st.prune()[:2] == (0, 0) and st.has_image(dig)
+    with pytest.raises(ImageError, match="is being removed"):
+        fd2 = st.try_exclusive(dig)
+        assert fd2 is None
+        os.close(fd)
+        fd = None
+        held = st.try_exclusive(dig)
+        try:
+            storemod.Store(st.root).hold(dig)
+        finally:
+            os.close(held)
+    assert st.prune()[:2] == (1, len(blobs))
