@@ -41,6 +41,9 @@ def _child(sock, filefd, uid, gid):
         # The launcher may have died before the prctl: then the socket's peer is gone.
         if os.getppid() == 1:
             os._exit(1)
+        # Its own session: a Ctrl-C meant for the command must not end the
+        # server of the sandbox's root filesystem.
+        os.setsid()
         k.unshare(k.CLONE_NEWUSER | k.CLONE_NEWNS)
         from .linux import idmap
         idmap.write_single("self", 0, uid, 0, gid, False)
@@ -58,10 +61,11 @@ def _child(sock, filefd, uid, gid):
         sock.close()
         os.set_inheritable(filefd, True)
         null = os.open("/dev/null", os.O_RDWR)
-        os.dup2(null, 0)
-        os.dup2(null, 1)
+        for std in (0, 1, 2):
+            os.dup2(null, std)
         # -f: stay in the foreground (this process is the one the launcher
-        # reaps); -s: one thread.  stderr stays: a corrupt image is reported there.
+        # reaps); -s: one thread.  Its messages would break the one-line
+        # error: a file it refuses is reported by mount() below.
         os.execv(SQUASHFUSE, ["squashfuse", "-f", "-s", f"/proc/self/fd/{filefd}",
                               f"/dev/fd/{dev}"])
     except OSError as e:
@@ -90,7 +94,17 @@ def mount(image, filefd):
     finally:
         parent.close()
     if fds:
-        return pid, fds[0]
+        try:
+            # The first request waits for squashfuse's answer to FUSE_INIT; a
+            # squashfuse that refused the file has closed the connection.
+            os.fstatvfs(fds[0])
+            return pid, fds[0]
+        except OSError as e:
+            os.close(fds[0])
+            stop(pid)
+            raise UsageError(f"cannot mount the squashfs image {image} with squashfuse",
+                             f"squashfuse did not serve it ({e.strerror})",
+                             "check the file with 'unsquashfs -s FILE'") from None
     os.waitpid(pid, 0)
     why = msg[1:].decode("utf-8", "replace").partition(" ") if msg[:1] == b"e" else \
         ("0", "the helper ended early")

@@ -56,8 +56,13 @@ def sqsh_dir(cli, fuse_usable):
 
 
 @pytest.fixture
-def sqsh(sqsh_dir):
-    return sqsh_dir / "img.sqsh"
+def sqsh(sqsh_dir, shared_tmp):
+    """A copy of its own for each test: the loop devices a test counts are
+    then the ones its own launches made (tests run in parallel)."""
+    path = shared_tmp / "img.sqsh"
+    shutil.copyfile(sqsh_dir / "img.sqsh", path)
+    path.chmod(0o644)
+    return path
 
 
 def loops_backed_by(path):
@@ -172,6 +177,22 @@ def test_a_file_that_is_not_squashfs_is_refused(runner, shared_tmp):
     line = one_error_line(runner.run([str(bad), "true"]))
     assert "not a squashfs file" in line, line
     assert not loops_backed_by(bad)
+
+
+def test_a_corrupt_squashfs_is_refused_and_leaves_nothing(runner, sqsh, shared_tmp):
+    """The superblock is right, the tables it points to (at the end of the
+    file) are not: the kernel (root) or squashfuse (rootless) refuses it; one
+    line, no loop device, no squashfuse left."""
+    data = sqsh.read_bytes()
+    bad = shared_tmp / "corrupt.sqsh"
+    bad.write_bytes(data[:-8192] + b"\xff" * 8192)
+    bad.chmod(0o644)
+    r = runner.run([str(bad), "true"])
+    line = one_error_line(r)
+    assert "cannot mount the squashfs image" in line, r.stderr
+    assert not loops_backed_by(bad)
+    assert wait_for(lambda: not [p for p in pids_with("squashfuse") if live(p)
+                                 and os.stat(f"/proc/{p}").st_uid == runner.uid])
 
 
 def test_a_symlink_in_place_of_the_file_is_refused(runner, sqsh, shared_tmp):
