@@ -233,3 +233,11 @@ def test_gpu_injection_works_on_a_squashfs_image(runner, sim_host, sqsh):
                     "sh", "-c", "nvidia-smi -L"])
     assert r.returncode == 0, r.stderr
     assert smi_uuids(r.stdout) == [sim_host.gpus[0]["uuid"]]
+
+
+def test_a_relative_path_is_the_file_not_a_store_name(runner, sqsh):
+    """`run img.sqsh` from its directory: a relative name that exists as a
+    .sqsh file is the squashfs image, not NAME[:TAG] of the store."""
+    rel = str(sqsh).lstrip("/")          # the runner runs from /
+    r = runner.run([rel, "sh", "-c", "echo $GREETING"])
+    assert (r.returncode, r.stdout) == (0, "from-the-squashfs\n"), r.stderr
