@@ -65,10 +65,10 @@ def open_file(image):
     last component never followed (a symlink there is refused: whoever owns
     the directory could point it at a host file at the moment it is opened),
     a regular file, squashfs magic at offset 0."""
-    parent, name = os.path.split(image)
     try:
-        fd = os.open(image if not name else os.path.join(parent or ".", name),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+        # O_NONBLOCK: a FIFO so named is refused below instead of blocking here.
+        fd = os.open(image, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+                     | os.O_NONBLOCK)
     except FileNotFoundError:
         raise UsageError(f"squashfs image not found: {image}", None,
                          "pass an existing FILE.sqsh (or a rootfs directory)") from None
