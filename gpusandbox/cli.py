@@ -154,7 +154,7 @@ def is_image_ref(text):
     if not text or text.startswith(("/", ".")) or os.path.isdir(text):
         return False
     if text.endswith((".sqsh", ".squashfs")) and os.path.lexists(text):
-        return False  # a squashfs image file (squashfs.py), named relatively
+        return False  # a squashfs image file (image/squash.py), named relatively
     return text.isascii() and all(c.isalnum() or c in "._-/:@" for c in text)
 
 

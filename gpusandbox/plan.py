@@ -106,7 +106,7 @@ class LaunchPlan:
         self.own_cgroup = False
         # IMAGE is a squashfs file ("kernel" or "fuse", with squashfuse's pid):
         # rootfd is its detached mount and root_id names the directory the
-        # init attaches the root over (squashfs.py).
+        # init attaches the root over (image/squash.py).
         self.squash = None
         self.squash_pid = None
 
@@ -379,14 +379,21 @@ def build(spec, host_env=None):
 def _squash_root(plan, image):
     """IMAGE named FILE.sqsh: mounted (detached) before anything reads it.
     Returns the bundle config of a directory that merely has such a name."""
-    from . import squashfs
-    if not squashfs.is_squashfs_arg(image):
+    from .image import squash
+    if not squash.is_squashfs_arg(image):
         plan.rootfs, plan.rootfd, config = image_root(image)
         plan.root_id = root_identity(plan.rootfd, plan.rootfs)
         return config
-    plan.rootfs, plan.rootfd = squashfs.mount_image(image, plan)
+    plan.rootfs, plan.rootfd = squash.mount_image(image, plan)
+    # The init attaches the root over the file's directory in its private
+    # namespace, found again by inode as an IMAGE_DIR is (nothing is mounted
+    # there on the host; the old root goes at the pivot).
     try:
-        plan.root_id = squashfs.target_identity(image)
+        pfd = os.open(os.path.dirname(plan.rootfs), k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            plan.root_id = root_identity(pfd, plan.rootfs)
+        finally:
+            os.close(pfd)
     except BaseException:
         os.close(plan.rootfd)
         raise

@@ -139,7 +139,7 @@ def launch(spec):
         if child is not None:
             child.kill_and_reap()
         if plan.squash_pid:
-            from .. import squashfuse
+            from ..image import squashfuse
             squashfuse.stop(plan.squash_pid)
         seen = len(cg.notes)
         cg.teardown()

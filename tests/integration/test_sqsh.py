@@ -126,7 +126,7 @@ def test_command_runs_in_the_image_with_its_environment(runner, sqsh):
 def test_the_image_mount_is_read_only_nosuid_nodev(cli, sqsh, route):
     """The squashfs mount itself, as each route makes it (detached: only its
     fd shows it): read-only, nosuid, nodev, whatever the image holds."""
-    from gpusandbox import squashfs, squashfuse
+    from gpusandbox.image import squash as squashfs, squashfuse
     fd = squashfs.open_file(str(sqsh))
     pid = None
     try:

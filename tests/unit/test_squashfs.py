@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusandbox import squashfs
+from gpusandbox.image import squash as squashfs
 from gpusandbox.cli import is_image_ref
 from gpusandbox.errors import UsageError
 

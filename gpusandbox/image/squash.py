@@ -21,14 +21,14 @@ fds, the init dies with it (PR_SET_PDEATHSIG) and takes its namespace along.
 
 Only a launch without a user namespace (real root) can mount squashfs: the
 kernel does not let a user namespace mount it.  Other launches (rootless,
-root with --userns/--root) mount it through squashfuse (squashfuse.py)."""
+root with --userns/--root) mount it through squashfuse (image/squashfuse.py)."""
 import ctypes
 import errno
 import os
 import stat
 
-from .errors import UsageError
-from .linux import sys as k
+from ..errors import UsageError
+from ..linux import sys as k
 
 SUFFIXES = (".sqsh", ".squashfs")
 MAGIC = b"hsqs"
@@ -167,16 +167,3 @@ def mount_image(image, plan):
         # Autoclear: with the mount made, the device now lives as long as it.
         os.close(lfd)
 
-
-def target_identity(image):
-    """What the init attaches the sandbox's root over in its private mount
-    namespace: the squashfs file's directory, found again by inode as an
-    IMAGE_DIR is (imageroot.root_identity).  Nothing is mounted there on the
-    host: the namespace is private and the old root goes at the pivot."""
-    from .imageroot import root_identity
-    parent = os.path.dirname(os.path.abspath(image))
-    fd = os.open(parent, k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        return root_identity(fd, parent)
-    finally:
-        os.close(fd)

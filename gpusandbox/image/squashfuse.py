@@ -28,8 +28,8 @@ import errno
 import os
 import socket
 
-from .errors import UsageError
-from .linux import sys as k
+from ..errors import UsageError
+from ..linux import sys as k
 
 SQUASHFUSE = "/usr/bin/squashfuse"
 
@@ -45,7 +45,7 @@ def _child(sock, filefd, uid, gid):
         # server of the sandbox's root filesystem.
         os.setsid()
         k.unshare(k.CLONE_NEWUSER | k.CLONE_NEWNS)
-        from .linux import idmap
+        from ..linux import idmap
         idmap.write_single("self", 0, uid, 0, gid, False)
         k.mount(None, "/", None, k.MS_REC | k.MS_PRIVATE)
         dev = os.open("/dev/fuse", os.O_RDWR)
