@@ -241,3 +241,19 @@ def test_a_relative_path_is_the_file_not_a_store_name(runner, sqsh):
     rel = str(sqsh).lstrip("/")          # the runner runs from /
     r = runner.run([rel, "sh", "-c", "echo $GREETING"])
     assert (r.returncode, r.stdout) == (0, "from-the-squashfs\n"), r.stderr
+
+
+def test_ctrl_c_reaches_the_command_not_the_image_server(rootless_runner, sqsh):
+    """A keyboard SIGINT goes to the launcher's process group; the launcher
+    forwards it to the command, which may go on working in its image.  So
+    squashfuse, which serves that image, must not be in that group."""
+    script = ("trap 'sleep 2; ls -R /usr /etc > /dev/null && echo still-served; exit 0' INT; "
+              "echo ready; sleep 30 & wait")
+    proc = rootless_runner.popen([str(sqsh), "sh", "-c", script], start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        kill_quietly(proc)
+    assert "still-served" in out, err
