@@ -15,7 +15,8 @@ RUN_HELP = """usage: gpusandbox run [options] IMAGE [--] [CMD [ARG...]]
 Run CMD inside IMAGE: a root filesystem directory, an OCI bundle (config.json
 and rootfs/), or an image reference: docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST],
 oci:DIR[:TAG], oci-archive:FILE[:TAG], docker-archive:FILE[:NAME:TAG] (pulled
-into the store first), or NAME[:TAG] already in the store.  Short names follow
+into the store first), NAME[:TAG] already in the store, or a squashfs image file
+FILE.sqsh / FILE.squashfs (mounted read-only; squashfuse rootless).  Short names follow
 docker's rule: ubuntu is docker.io/library/ubuntu:latest.  For an image, CMD is
 optional (its Entrypoint + Cmd).  CMD is looked up on the image's PATH.
 
@@ -152,6 +153,8 @@ def is_image_ref(text):
         return True
     if not text or text.startswith(("/", ".")) or os.path.isdir(text):
         return False
+    if text.endswith((".sqsh", ".squashfs")) and os.path.lexists(text):
+        return False  # a squashfs image file (image/squash.py), named relatively
     return text.isascii() and all(c.isalnum() or c in "._-/:@" for c in text)
 
 

@@ -92,7 +92,7 @@ class LaunchPlan:
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
-                 "own_cgroup")
+                 "own_cgroup", "squash", "squash_pid")
 
     def __init__(self, spec):
         self.spec = spec
@@ -104,6 +104,11 @@ class LaunchPlan:
         # Set by the launcher: the sandbox starts in a cgroup2 leaf of its own,
         # which init then shows at /sys/fs/cgroup.
         self.own_cgroup = False
+        # IMAGE is a squashfs file ("kernel" or "fuse", with squashfuse's pid):
+        # rootfd is its detached mount and root_id names the directory the
+        # init attaches the root over (image/squash.py).
+        self.squash = None
+        self.squash_pid = None
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
@@ -336,10 +341,14 @@ def _devices(plan, spec):
 def build(spec, host_env=None):
     host_env = os.environ if host_env is None else host_env
     plan = LaunchPlan(spec)
-    plan.rootfs, plan.rootfd, config = image_root(spec.image)
-    plan.root_id = root_identity(plan.rootfd, plan.rootfs)
-    rootfd = plan.rootfd
+    squash = spec.image.endswith((".sqsh", ".squashfs"))
+    if not squash:
+        plan.rootfs, plan.rootfd, config = image_root(spec.image)
+        plan.root_id = root_identity(plan.rootfd, plan.rootfs)
     _identity(plan, spec, host_env)
+    if squash:
+        config = _squash_root(plan, spec.image)
+    rootfd = plan.rootfd
     _check_binds(spec)
     image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)
@@ -365,6 +374,30 @@ def build(spec, host_env=None):
         from .linux import seccomp
         plan.seccomp = seccomp.compile_profile(spec.seccomp)
     return plan
+
+
+def _squash_root(plan, image):
+    """IMAGE named FILE.sqsh: mounted (detached) before anything reads it.
+    Returns the bundle config of a directory that merely has such a name."""
+    from .image import squash
+    if not squash.is_squashfs_arg(image):
+        plan.rootfs, plan.rootfd, config = image_root(image)
+        plan.root_id = root_identity(plan.rootfd, plan.rootfs)
+        return config
+    plan.rootfs, plan.rootfd = squash.mount_image(image, plan)
+    # The init attaches the root over the file's directory in its private
+    # namespace, found again by inode as an IMAGE_DIR is (nothing is mounted
+    # there on the host; the old root goes at the pivot).
+    try:
+        pfd = os.open(os.path.dirname(plan.rootfs), k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            plan.root_id = root_identity(pfd, plan.rootfs)
+        finally:
+            os.close(pfd)
+    except BaseException:
+        os.close(plan.rootfd)
+        raise
+    return None
 
 
 def _normalise_paths(plan):

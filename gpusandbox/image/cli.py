@@ -50,7 +50,13 @@ def main_pull(argv):
     p.add_argument("--tls-verify", default="true", choices=("true", "false"))
     p.add_argument("--progress", default="auto", choices=("auto", "tty", "plain", "json", "none"))
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the digest")
+    p.add_argument("-o", "--output", metavar="FILE.sqsh",
+                   help="also write the image's root filesystem as one squashfs file "
+                        "(for `gpusandbox run FILE.sqsh`; mksquashfs from squashfs-tools)")
     a = p.parse_args(argv)
+    if a.output:
+        from . import sqshout
+        sqshout.check_target(a.output)
     from .progress import Progress
     prog = Progress("none" if a.quiet else a.progress)
     from .runimage import stores
@@ -69,6 +75,8 @@ def main_pull(argv):
     finally:
         src.close()
     prog.finish()
+    if a.output:
+        sqshout.write(st.fd, st.image_dir(rec["digest"]) + "/rootfs", a.output)
     sys.stdout.write(rec["digest"] + "\n")
     return 0
 

@@ -120,7 +120,7 @@ def _store_name(text):
     if os.path.exists(text):
         raise UsageError(f"image is not a directory: {text}", None,
                          "for an archive say which kind: docker-archive:FILE or "
-                         "oci-archive:FILE; a .sqsh file is not supported yet")
+                         "oci-archive:FILE; a squashfs image must be named FILE.sqsh")
     try:
         return refmod.parse(text)
     except ImageError:

@@ -90,7 +90,8 @@ def _image_fd(plan):
         os.close(fd)
         raise m.MountError(116, f"the image directory {plan.rootfs} was replaced while the "
                            "sandbox was being set up")
-    os.close(plan.rootfd)
+    if not plan.squash:
+        os.close(plan.rootfd)
     return fd
 
 
@@ -102,7 +103,16 @@ def _rootfs(plan):
     returned fd is the attached mount's own root."""
     attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
     image = _image_fd(plan)
+    lower = image
     try:
+        if plan.squash:
+            # A squashfs image: its detached mount (held fd) is attached over
+            # the file's directory in this private namespace, then serves as
+            # the lower layer; the root goes on top of it.  Attached first, it
+            # is a mount of this namespace, which overlay accepts as a layer
+            # whoever made it (the launcher, or squashfuse's helper).
+            k.move_mount(plan.rootfd, image, f"attaching the squashfs image {plan.rootfs}")
+            lower = plan.rootfd
         if plan.spec.rootfs_mode == "rw":
             mnt = m.clone_tree("", recursive=True, dirfd=image)
             m.restrict(mnt, ro=False)
@@ -112,11 +122,11 @@ def _rootfs(plan):
             os.mkdir("work", 0o755, dir_fd=scratch)
             upper = os.open("upper", k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=scratch)
             try:
-                m.prepare_upper(image, upper, plan.points, plan.links)
+                m.prepare_upper(lower, upper, plan.points, plan.links)
             finally:
                 os.close(upper)
             top = f"/proc/self/fd/{scratch}"
-            opts = [f"lowerdir=/proc/self/fd/{image}", f"upperdir={top}/upper",
+            opts = [f"lowerdir=/proc/self/fd/{lower}", f"upperdir={top}/upper",
                     f"workdir={top}/work"]
             if plan.userns != "host":
                 # trusted.* xattrs cannot be set in a user namespace (overlayfs docs).
@@ -130,6 +140,8 @@ def _rootfs(plan):
         m.attach(mnt, os.dup(image), f"attaching the root filesystem over {plan.rootfs}")
     finally:
         os.close(image)
+        if plan.squash:
+            os.close(plan.rootfd)
     return root
 
 

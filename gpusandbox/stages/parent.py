@@ -138,6 +138,9 @@ def launch(spec):
     finally:
         if child is not None:
             child.kill_and_reap()
+        if plan.squash_pid:
+            from ..image import squashfuse
+            squashfuse.stop(plan.squash_pid)
         seen = len(cg.notes)
         cg.teardown()
         if spec.verbose:

@@ -1,0 +1,73 @@
+"""`gpusandbox pull REF -o FILE.sqsh`: the pulled image's root filesystem as
+one squashfs file, for a shared filesystem (run it with `gpusandbox run
+FILE.sqsh`).
+
+mksquashfs (squashfs-tools; Debian 12 has 4.5.1, without sqfstar) reads the
+store's unpacked tree, which the pull has verified and unpacked without
+following any of the image's links; mksquashfs does not follow symlinks
+either.  It runs with an argv list (no shell), as the caller, and writes into
+a private directory (0700) made next to the target, so no other user can
+swap the file it writes for a link; the finished file is renamed over the
+target, so a reader of FILE.sqsh sees the old file or the new one, never a
+half-written one.
+
+Ownership: as root the store's tree has the image's owners, kept as they are.
+Rootless, every file of the tree is the caller's (an unprivileged unpack
+cannot chown), which says nothing about the image: the file gets -all-root,
+which is what the image meant for nearly all files and what a rootless `run`
+of it maps to the caller.  No xattrs (-no-xattrs): security.capability and
+overlay xattrs never travel into the file."""
+import os
+import shutil
+import subprocess
+
+from ..errors import UsageError
+from .digest import ImageError
+
+MKSQUASHFS = "mksquashfs"
+SUFFIXES = (".sqsh", ".squashfs")
+
+
+def check_target(path):
+    """Refuse an -o target before the pull does any work."""
+    if not path.endswith(SUFFIXES):
+        raise UsageError(f"pull -o {path}", "the file name must end in .sqsh or .squashfs",
+                         "gpusandbox run recognises a squashfs image by that suffix")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"pull -o {path}", f"no directory {parent}", None)
+    if os.path.isdir(path):
+        raise UsageError(f"pull -o {path}", "it is a directory", None)
+    if shutil.which(MKSQUASHFS) is None:
+        raise UsageError(f"pull -o {path}", "mksquashfs is not installed",
+                         "install squashfs-tools (Debian/Ubuntu: apt install squashfs-tools)")
+
+
+def write(dirfd, rel, path):
+    """Write the tree at rel under the directory fd dirfd (the store's
+    unpacked image: the store is reached through its held fd) to path."""
+    rootfs = f"/proc/self/fd/{dirfd}/{rel}"
+    target = os.path.abspath(path)
+    parent, name = os.path.split(target)
+    import tempfile
+    tmpdir = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+    try:
+        out = os.path.join(tmpdir, name)
+        argv = [MKSQUASHFS, rootfs, out, "-noappend", "-no-xattrs", "-no-progress",
+                "-quiet"]
+        if os.geteuid() != 0:
+            argv.append("-all-root")
+        res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, close_fds=True, pass_fds=(dirfd,))
+        if res.returncode != 0:
+            last = (res.stderr.decode("utf-8", "replace").strip().splitlines() or ["?"])[-1]
+            raise ImageError(f"writing {path} with mksquashfs",
+                             f"it exited with {res.returncode}: {last[:200]}")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(out, 0o666 & ~umask)
+        with open(out, "rb") as f:
+            os.fsync(f.fileno())
+        os.rename(out, target)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
