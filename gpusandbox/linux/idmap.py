@@ -55,9 +55,12 @@ def _fmt(lines):
 
 
 def write_single(pid, uid_in, uid_out, gid_in, gid_out, root):
-    """One-id maps written by the launcher itself (no helper binaries)."""
+    """One-id maps written without helper binaries.  pid "self": the child
+    writes its own, from inside the new namespace, where even real root holds
+    no CAP_SETGID in the parent namespace: a gid_map is then accepted only
+    after setgroups is denied (user_namespaces(7)), as for any user."""
     base = f"/proc/{pid}/"
-    if not root:
+    if not root or pid == "self":
         _write(base + "setgroups", b"deny")
     _write(base + "uid_map", _fmt([(uid_in, uid_out, 1)]))
     _write(base + "gid_map", _fmt([(gid_in, gid_out, 1)]))

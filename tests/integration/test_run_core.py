@@ -452,3 +452,16 @@ def test_no_signal_is_ignored_in_the_command(runner, rootfs):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["SigIgn:\t0000000000000000", "y"]
     assert "Broken pipe" not in r.stderr
+
+
+def test_userns_single_as_root_maps_one_id(root_runner, rootfs):
+    # Real root asking for a user namespace: init writes a one-id map for
+    # itself from inside it, which the kernel accepts only after setgroups
+    # is denied (it holds no CAP_SETGID in the parent namespace there).
+    r = sh(root_runner, rootfs, "id -u; cat /proc/self/uid_map /proc/self/gid_map "
+           "/proc/self/setgroups", "--userns", "single")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[0] == "0"
+    assert lines[1].split() == ["0", "0", "1"] and lines[2].split() == ["0", "0", "1"]
+    assert lines[3] == "deny"
