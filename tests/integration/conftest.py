@@ -49,7 +49,10 @@ def _ensure_cli():
         if not (VENV / "bin" / "python").exists():
             subprocess.run(["/usr/bin/python3", "-m", "venv", str(VENV)], check=True)
             subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "pyroute2", "attrs",
-                            "python-prctl", "setuptools>=61", "wheel"], check=True)
+                            "python-prctl", "requests", "setuptools>=61", "wheel"], check=True)
+        if not list(VENV.glob("lib/python3*/site-packages/requests")):
+            # a venv made before the registry client needed it
+            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "requests"], check=True)
         stamp = BASE / "stamp"
         want = _src_hash()
         if not stamp.exists() or stamp.read_text() != want:

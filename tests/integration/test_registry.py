@@ -1,0 +1,216 @@
+"""The registry client against Debian's docker-registry (anonymous and
+htpasswd) filled by skopeo, and against a hostile server of our own."""
+import base64
+import collections
+import hashlib
+import io
+import json
+import os
+
+import pytest
+
+from gpusandbox.image.digest import ImageError
+from gpusandbox.image.registry import RegistrySource
+
+from .hostile_registry import Hostile
+from .registry_fixture import images, registry, registry_auth  # noqa: F401
+
+Ref = collections.namedtuple("Ref", "host repo tag digest")
+
+
+def _src(host, repo, tag=None, digest=None, **kw):
+    return RegistrySource(Ref(host, repo, tag, digest), **kw)
+
+
+def _authfile(tmp_path, host, creds):
+    p = tmp_path / "auth.json"
+    auth = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+    p.write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+    return str(p)
+
+
+def _pull_all(src, tmp_path, platform=None):
+    d, m, raw = src.manifest(platform)
+    for desc in [m["config"]] + m["layers"]:
+        out = tmp_path / desc["digest"][7:]
+        with open(out, "wb") as f:
+            src.blob(desc, f)
+        assert "sha256:" + hashlib.sha256(out.read_bytes()).hexdigest() == desc["digest"]
+        assert out.stat().st_size == desc["size"]
+    return d, m, raw
+
+
+# -- the real registry ---------------------------------------------------------
+
+def test_anonymous_by_tag_and_digest(registry, tmp_path):
+    want = registry.pushed["simple"]
+    with _src(registry.host, "test/simple", "simple") as s:
+        d, m, raw = _pull_all(s, tmp_path)
+    assert d == want == "sha256:" + hashlib.sha256(raw).hexdigest()
+    types = [x["mediaType"] for x in m["layers"]]
+    assert any(t.endswith("+zstd") for t in types) and any(t.endswith("+gzip") for t in types)
+    with _src(registry.host, "test/simple", digest=want) as s:
+        assert s.manifest()[0] == want
+
+
+def test_multi_platform_selection(registry, images):
+    _, info = images
+    with _src(registry.host, "test/multi", "multi", platform="linux/amd64") as s:
+        d, m, _ = s.manifest()
+        assert d == info["multi"]["amd64"]
+        # a platform given per call wins; arm64 with and without its variant
+        assert s.manifest("linux/arm64")[0] == info["multi"]["arm64"]
+        assert s.manifest("linux/arm64/v8")[0] == info["multi"]["arm64"]
+        with pytest.raises(ImageError) as e:
+            s.manifest("linux/s390x")
+    assert "linux/amd64, linux/arm64/v8" in e.value.line() and "--platform" in e.value.hint
+    assert "unknown" not in e.value.line()
+
+
+def test_unknown_tag_and_repository(registry):
+    for repo, tag in (("test/simple", "nope"), ("test/absent", "x")):
+        with pytest.raises(ImageError) as e:
+            _src(registry.host, repo, tag).manifest()
+        assert "no such" in e.value.line() and e.value.hint
+
+
+def test_basic_auth_with_authfile(registry_auth, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("REGISTRY_AUTH_FILE", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    with pytest.raises(ImageError) as e:
+        _src(registry_auth.host, "private/simple", "simple").manifest()
+    assert "authentication required" in e.value.line() and "--authfile" in e.value.hint
+    af = _authfile(tmp_path, registry_auth.host, registry_auth.creds)
+    with _src(registry_auth.host, "private/simple", "simple", authfile=af) as s:
+        d, _, _ = _pull_all(s, tmp_path)
+    assert d == registry_auth.pushed["simple"]
+    # $REGISTRY_AUTH_FILE is read the same way
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", af)
+    assert _src(registry_auth.host, "private/simple", "simple").manifest()[0] == d
+    bad = _authfile(tmp_path, registry_auth.host, (registry_auth.creds[0], "wrong"))
+    with pytest.raises(ImageError) as e:
+        _src(registry_auth.host, "private/simple", "simple", authfile=bad).manifest()
+    assert "refused the credentials" in e.value.line()
+
+
+# -- the hostile server ----------------------------------------------------------
+
+@pytest.fixture
+def hostile():
+    h = Hostile()
+    yield h
+    h.stop()
+
+
+def _hsrc(h, scen, **kw):
+    s = _src(h.host, scen, "latest", **kw)
+    s.backoff = 0.01
+    s.retries = 2
+    return s
+
+
+def _blob_error(h, scen, tmp_path):
+    """The one ImageError of pulling the layer; the file never holds more
+    than the descriptor's size."""
+    s = _hsrc(h, scen)
+    d, m, _ = s.manifest()
+    desc = m["layers"][0]
+    out = tmp_path / "blob"
+    with open(out, "wb") as f, pytest.raises(ImageError) as e:
+        s.blob(desc, f)
+    assert out.stat().st_size <= desc["size"]
+    return e.value
+
+
+def _blob_ok(h, scen, tmp_path):
+    s = _hsrc(h, scen)
+    d, m, _ = s.manifest()
+    out = tmp_path / "blob"
+    with open(out, "wb") as f:
+        s.blob(m["layers"][0], f)
+    assert out.read_bytes() == h.image.layer
+    return s
+
+
+def test_hostile_good_pull(hostile, tmp_path):
+    s = _blob_ok(hostile, "good", tmp_path)
+    assert s.manifest()[0] == hostile.image.digest
+
+
+@pytest.mark.parametrize("scen,words", [
+    ("wrongdigest", "does not match its digest"),
+    ("truncated", "is truncated"),
+    ("larger", "wrong size"),
+    ("larger-unsized", "larger than its descriptor"),
+    ("expire-always", "authentication required"),
+    ("redirect-loop", "redirected too often"),
+    ("blob-unknown", "lacks a blob"),
+])
+def test_hostile_blob_errors(hostile, tmp_path, scen, words):
+    e = _blob_error(hostile, scen, tmp_path)
+    assert words in e.line()
+
+
+def test_cut_connection_resumes_with_range(hostile, tmp_path):
+    _blob_ok(hostile, "cut-resume", tmp_path)
+    ranges = [hd.get("Range") for _, p, hd in hostile.seen if "/blobs/" in p]
+    assert ranges[0] is None and ranges[1] == f"bytes={len(hostile.image.layer) // 2}-"
+
+
+def test_cut_connection_restarts_without_range_support(hostile, tmp_path):
+    _blob_ok(hostile, "cut-restart", tmp_path)
+
+
+def test_token_refreshed_on_401_mid_pull(hostile, tmp_path):
+    _blob_ok(hostile, "expire", tmp_path)
+    assert hostile.tokens == 2
+
+
+def test_redirect_to_other_host_drops_authorization(hostile, tmp_path):
+    _blob_ok(hostile, "redirect", tmp_path)
+    main = [hd for srv, p, hd in hostile.seen if srv == "127.0.0.1" and "/blobs/" in p]
+    other = [hd for srv, p, hd in hostile.seen if srv == "127.0.0.2"]
+    assert main and all(hd.get("Authorization", "").startswith("Bearer ") for hd in main)
+    assert other and not any("Authorization" in hd for hd in other)
+
+
+def test_retry_after_honoured(hostile):
+    s = _hsrc(hostile, "ratelimit")
+    waits = []
+    s._sleep = lambda attempt, retry_after=None: waits.append(retry_after)
+    assert s.manifest()[0] == hostile.image.digest
+    assert waits == [2.0]
+
+
+def test_5xx_retried(hostile):
+    s = _hsrc(hostile, "flaky")
+    assert s.manifest()[0] == hostile.image.digest
+    assert hostile.counts["flaky"] == 3
+
+
+@pytest.mark.parametrize("scen,words", [
+    ("ratelimit-always", "rate limiting"),
+    ("denied", "access denied"),
+    ("garbage", "not valid JSON"),
+    ("both", "both a manifest and an index"),
+    ("schema1", "schemaVersion"),
+    ("badchild", "does not match its digest"),
+])
+def test_hostile_manifest_errors(hostile, scen, words):
+    s = _hsrc(hostile, scen)
+    with pytest.raises(ImageError) as e:
+        s.manifest("linux/amd64")
+    assert words in e.value.line()
+    if scen in ("ratelimit-always", "denied"):
+        assert e.value.hint
+
+
+def test_manifest_digest_checked_when_pulled_by_digest(hostile):
+    wrong = "sha256:" + "1" * 64
+    s = _src(hostile.host, "good", digest=wrong)
+    with pytest.raises(ImageError) as e:
+        s.manifest()
+    assert "does not match the digest" in e.value.line()
+    s = _src(hostile.host, "good", digest=hostile.image.digest)
+    assert s.manifest()[0] == hostile.image.digest
