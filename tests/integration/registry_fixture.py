@@ -1,13 +1,16 @@
 """A real registry for the tests: Debian's docker-registry (the distribution
-registry) on 127.0.0.1, anonymous and htpasswd (Basic) variants, filled with
+registry) on 127.0.0.1, anonymous, htpasswd (Basic) and token (Bearer, with a
+token server of the tests' own) variants, filled with
 skopeo from OCI layouts built here (a gzip, a zstd and an uncompressed
 layer; a multi-platform index with an attestation entry).
 
 Import the fixtures into a test module:
     from .registry_fixture import registry, registry_auth, images  # noqa: F401
 """
+import base64
 import gzip
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -17,7 +20,9 @@ import signal
 import socket
 import subprocess
 import tarfile
+import threading
 import time
+import urllib.parse
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -145,7 +150,7 @@ def build_images(top):
 # -- the registry process ----------------------------------------------------
 
 class Registry:
-    def __init__(self, top, htpasswd=None):
+    def __init__(self, top, htpasswd=None, token=None):
         self.port = _free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.top = top
@@ -164,6 +169,10 @@ class Registry:
         ]
         if htpasswd:
             cfg += ["auth:", "  htpasswd:", "    realm: gsbx-test", f"    path: {htpasswd}"]
+        if token:
+            cfg += ["auth:", "  token:", f"    realm: {token.realm}",
+                    f"    service: {token.SERVICE}", f"    issuer: {token.ISSUER}",
+                    f"    rootcertbundle: {token.cert}"]
         (top / "config.yml").write_text("\n".join(cfg) + "\n")
         self.log = open(top / "registry.log", "wb")
         self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(top / "config.yml")],
@@ -250,3 +259,97 @@ def registry_auth(tmp_path_factory, images):
         yield reg
     finally:
         reg.stop()
+
+
+# -- a token server (docker's token auth) ------------------------------------
+
+def _b64url(b):
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+class TokenServer:
+    """Issues RS256 JWTs the registry trusts (rootcertbundle = our self-signed
+    cert, sent as x5c).  Credentials USER:PASSWORD get what they ask for;
+    anonymous callers get pull on public/* only."""
+    SERVICE, ISSUER = "gsbx-registry", "gsbx-test-issuer"
+
+    def __init__(self, top):
+        _need("openssl")
+        self.key, self.cert = top / "token.key", top / "token.crt"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                        "-keyout", str(self.key), "-out", str(self.cert), "-days", "2",
+                        "-subj", "/CN=gsbx-token"], check=True, capture_output=True)
+        der = subprocess.run(["openssl", "x509", "-in", str(self.cert), "-outform", "DER"],
+                             check=True, capture_output=True).stdout
+        self.x5c = base64.b64encode(der).decode()
+        self.issued = []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                q = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                body = json.dumps({"token": outer.token(q, self.headers.get("Authorization")),
+                                   "expires_in": 300}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.realm = f"http://127.0.0.1:{self.srv.server_address[1]}/token"
+
+    def token(self, q, authz):
+        good = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        authed = authz == good
+        access = []
+        for scope in q.get("scope", []):
+            for one in scope.split(" "):
+                typ, _, rest = one.partition(":")
+                name, _, actions = rest.rpartition(":")
+                if typ != "repository" or not name:
+                    continue
+                acts = actions.split(",") if authed else \
+                    (["pull"] if name.startswith("public/") and "pull" in actions else [])
+                access.append({"type": "repository", "name": name, "actions": acts})
+        now = int(time.time())
+        claims = {"iss": self.ISSUER, "sub": USER if authed else "", "aud": self.SERVICE,
+                  "exp": now + 300, "nbf": now - 60, "iat": now, "jti": secrets.token_hex(8),
+                  "access": access}
+        head = {"typ": "JWT", "alg": "RS256", "x5c": [self.x5c]}
+        signing = (_b64url(json.dumps(head).encode()) + "." +
+                   _b64url(json.dumps(claims).encode())).encode()
+        sig = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.key)],
+                             input=signing, check=True, capture_output=True).stdout
+        self.issued.append((authed, access))
+        return signing.decode() + "." + _b64url(sig)
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.fixture(scope="session")
+def registry_token(tmp_path_factory, images):
+    _need(REGISTRY_BIN, "skopeo")
+    top = tmp_path_factory.mktemp("registry-token")
+    ts = TokenServer(top)
+    try:
+        reg = Registry(top, token=ts)
+    except BaseException:
+        ts.stop()
+        raise
+    reg.creds, reg.tokens = (USER, PASSWORD), ts
+    try:
+        layout, _ = images
+        reg.pushed = {"public": reg.push(layout, "simple", "public/simple", creds=reg.creds),
+                      "private": reg.push(layout, "simple", "private/simple", creds=reg.creds)}
+        yield reg
+    finally:
+        reg.stop()
+        ts.stop()

@@ -13,7 +13,7 @@ from gpusandbox.image.digest import ImageError
 from gpusandbox.image.registry import RegistrySource
 
 from .hostile_registry import Hostile
-from .registry_fixture import images, registry, registry_auth  # noqa: F401
+from .registry_fixture import images, registry, registry_auth, registry_token  # noqa: F401
 
 Ref = collections.namedtuple("Ref", "host repo tag digest")
 
@@ -214,3 +214,25 @@ def test_manifest_digest_checked_when_pulled_by_digest(hostile):
     assert "does not match the digest" in e.value.line()
     s = _src(hostile.host, "good", digest=hostile.image.digest)
     assert s.manifest()[0] == hostile.image.digest
+
+
+def test_token_auth(registry_token, tmp_path, monkeypatch):
+    """docker's token auth: anonymous Bearer for a public repository, a
+    token bought with the authfile's credentials for a private one."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("REGISTRY_AUTH_FILE", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    reg = registry_token
+    with _src(reg.host, "public/simple", "simple") as s:
+        d, _, _ = _pull_all(s, tmp_path)
+    assert d == reg.pushed["public"]
+    with pytest.raises(ImageError) as e:
+        _src(reg.host, "private/simple", "simple").manifest()
+    assert "authentication required" in e.value.line()
+    af = _authfile(tmp_path, reg.host, reg.creds)
+    n = len(reg.tokens.issued)
+    with _src(reg.host, "private/simple", "simple", authfile=af) as s:
+        d, _, _ = _pull_all(s, tmp_path)
+    assert d == reg.pushed["private"]
+    assert any(authed and acc and acc[0]["name"] == "private/simple"
+               for authed, acc in reg.tokens.issued[n:])
