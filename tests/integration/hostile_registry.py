@@ -29,6 +29,7 @@ import json
 import os
 import re
 import threading
+import urllib.parse
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -143,7 +144,8 @@ class Hostile:
         self._send(h, 200, data)
 
     def _main_handler(self, h):
-        path = h.path.partition("?")[0]
+        # an absolute URI when the client uses this server as its http proxy
+        path = urllib.parse.urlsplit(h.path).path
         if path == "/token":
             with self.lock:
                 self.tokens += 1

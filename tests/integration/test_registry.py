@@ -236,3 +236,22 @@ def test_token_auth(registry_token, tmp_path, monkeypatch):
     assert d == reg.pushed["private"]
     assert any(authed and acc and acc[0]["name"] == "private/simple"
                for authed, acc in reg.tokens.issued[n:])
+
+
+def test_http_proxy_from_environment(hostile, monkeypatch):
+    """http_proxy is honoured (a registry by name, plain http allowed by
+    tls_verify=False, reached only through the proxy); no_proxy bypasses it."""
+    monkeypatch.setenv("http_proxy", f"http://{hostile.host}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    s = _src("gsbx-test.invalid", "good", "latest", tls_verify=False)
+    s.backoff, s.retries = 0.01, 1
+    assert s.manifest()[0] == hostile.image.digest
+    assert any(p.startswith("http://gsbx-test.invalid/v2/good/manifests/")
+               for _, p, _ in hostile.seen)
+    monkeypatch.setenv("no_proxy", "gsbx-test.invalid")
+    s = _src("gsbx-test.invalid", "good", "latest", tls_verify=False)
+    s.backoff, s.retries = 0.01, 1
+    with pytest.raises(ImageError) as e:
+        s.manifest()
+    assert "cannot reach registry gsbx-test.invalid" in e.value.line()

@@ -11,6 +11,13 @@ from gpusandbox.image.digest import ImageError
 Ref = collections.namedtuple("Ref", "host repo tag digest")
 
 
+@pytest.fixture(autouse=True)
+def _no_user_auth_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("REGISTRY_AUTH_FILE", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+
+
 class _Raw:
     def __init__(self, body):
         self.body = body
@@ -169,3 +176,26 @@ def test_requests_stays_out_of_the_launch_path():
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True).stdout.split()
     assert out == ["False", "False"]
+
+
+class _Refusing(_Session):
+    def get(self, url, headers, **kw):
+        import requests
+        self.sent.append((url, dict(headers)))
+        raise requests.exceptions.SSLError("wrong version number")
+
+
+@pytest.mark.parametrize("host,tls_verify,schemes", [
+    ("r.example:5000", True, ["https"]),
+    ("r.example:5000", False, ["https", "http"]),
+    ("127.0.0.1:5000", True, ["https", "http"]),
+    ("localhost:5000", True, ["https", "http"]),
+])
+def test_plain_http_only_for_loopback_or_no_tls_verify(host, tls_verify, schemes):
+    s = reg.RegistrySource(Ref(host, "a/b", "t", None), tls_verify=tls_verify)
+    s._session = _Refusing([])
+    s._sleep = lambda *a: None
+    with pytest.raises(ImageError) as e:
+        s.manifest()
+    assert [u.partition(":")[0] for u, _ in s._session.sent] == schemes
+    assert f"cannot reach registry {host}" in e.value.line()
