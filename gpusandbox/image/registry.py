@@ -26,8 +26,7 @@ import urllib3
 from . import auth as authmod
 from . import digest as digestmod
 from .digest import ImageError
-from .regmanifest import (ACCEPT, check_manifest, descriptor, kind, loads, normalize_platform,
-                          select)
+from . import manifest as mf
 
 MAX_MANIFEST = 4 << 20
 MAX_ERROR_BODY = 64 << 10
@@ -40,6 +39,7 @@ DOCKER_HUB = ("docker.io", "index.docker.io")
 _REDIRECT = (301, 302, 303, 307, 308)
 _RETRY_STATUS = (429, 500, 502, 503, 504)
 _NO_PROXY = {"http": None, "https": None, "all": None}
+ACCEPT = ", ".join(mf.MANIFEST_TYPES + mf.INDEX_TYPES)
 
 # code -> (what it means, the fix)
 ERRORS = {
@@ -95,6 +95,23 @@ def _origin(url):
     return p.scheme, (p.hostname or "").lower(), p.port or (443 if p.scheme == "https" else 80)
 
 
+def _platform(p):
+    """None (the host's), "OS/ARCH[/VARIANT]" or a platform dict."""
+    if p is None:
+        return mf.host_platform()
+    return mf.parse_platform(p) if isinstance(p, str) else p
+
+
+def _loads(raw, ctype, what):
+    """kind, doc of a manifest or index; schema 1 named as such."""
+    doc = mf.loads(raw, what)
+    if doc.get("schemaVersion") != 2:
+        raise ImageError(f"{what}: unsupported schemaVersion {_clean(doc.get('schemaVersion'), 20)}",
+                         None, "only schema 2 (OCI or Docker v2) images are supported: "
+                         "push the image again with a current docker, podman or skopeo")
+    return mf.kind(doc, ctype), doc
+
+
 def _retry_after(value, cap):
     if not value:
         return None
@@ -128,7 +145,7 @@ class RegistrySource:
         self.name = f"{self.host}/{self.repo}"
         self.endpoint = "registry-1.docker.io" if self.host in DOCKER_HUB else self.host
         self.tls_verify = tls_verify
-        self.platform = normalize_platform(platform)
+        self.platform = _platform(platform)
         self._creds = authmod.find_credentials(self.host, self.repo, authfile)
         self._authz = None
         self._base = None
@@ -382,7 +399,7 @@ class RegistrySource:
     def manifest(self, platform=None):
         """(manifest digest, manifest dict, raw bytes) for `platform`
         (default: the one given at construction, else the host's)."""
-        plat = normalize_platform(platform) if platform is not None else self.platform
+        plat = _platform(platform) if platform is not None else self.platform
         reference = self.digest or self.tag or "latest"
         raw, ctype = self._fetch_manifest(reference)
         h = digestmod.hasher(self.digest or "sha256:" + "0" * 64)
@@ -391,24 +408,24 @@ class RegistrySource:
         if self.digest and got != self.digest:
             raise ImageError(f"{self.name}: the manifest does not match the digest pulled",
                              f"got {got}", "the registry or a proxy altered it")
-        doc = loads(raw, f"{self.name} manifest")
-        if kind(doc, ctype) == "manifest":
-            return got, check_manifest(doc, f"{self.name} manifest"), raw
-        d = select(doc, plat, f"{self.name} index")
+        k, doc = _loads(raw, ctype, f"{self.name} manifest")
+        if k == "manifest":
+            return got, mf.check_manifest(doc, f"{self.name} manifest"), raw
+        d = mf.select(doc, plat, f"{self.name} index")
         raw2, ctype2 = self._fetch_manifest(d["digest"])
         v = digestmod.Verifier(d["digest"], d["size"])
         v.update(raw2[: d["size"] + 1])
         v.check()
-        doc2 = loads(raw2, f"{self.name} manifest")
-        if kind(doc2, ctype2) != "manifest":
+        k, doc2 = _loads(raw2, ctype2, f"{self.name} manifest")
+        if k != "manifest":
             raise ImageError(f"{self.name}: the index names another index",
                              "nested indexes are not supported")
-        return d["digest"], check_manifest(doc2, f"{self.name} manifest"), raw2
+        return d["digest"], mf.check_manifest(doc2, f"{self.name} manifest"), raw2
 
     def blob(self, desc, out):
         """Write the blob of descriptor `desc` to the binary file `out`,
         verified; `out` must be seekable for a restart after a cut."""
-        desc = descriptor(desc, f"{self.name} blob")
+        desc = mf.descriptor(desc, f"{self.name} blob")
         dig = desc["digest"]
         v = digestmod.Verifier(dig, desc["size"])
         try:

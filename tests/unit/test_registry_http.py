@@ -171,7 +171,8 @@ def test_requests_stays_out_of_the_launch_path():
     import subprocess
     import sys
     code = ("import sys, gpusandbox.__main__, gpusandbox.cli, gpusandbox.image.auth, "
-            "gpusandbox.image.regmanifest, gpusandbox.image.digest; "
+            "gpusandbox.image.manifest, gpusandbox.image.digest, gpusandbox.image.sources, "
+            "gpusandbox.image.runimage, gpusandbox.image.store, gpusandbox.image.cli; "
             "print('requests' in sys.modules, 'urllib3' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True).stdout.split()
