@@ -126,6 +126,19 @@ def _retry_after(value, cap):
         return None
 
 
+class _Cut(Exception):
+    """The connection broke while a blob's body was being read."""
+
+
+def _read(r, n):
+    """Up to n raw body bytes (no Content-Encoding decoding: the digest is
+    of the bytes as stored)."""
+    try:
+        return r.raw.read(n, decode_content=False)
+    except (urllib3.exceptions.HTTPError, requests.RequestException, OSError):
+        raise _Cut() from None
+
+
 class RegistrySource:
     """Source over docker://HOST[:PORT]/REPO[:TAG|@DIGEST] (`ref` is any
     object with host, repo, tag and digest)."""
@@ -456,8 +469,8 @@ class RegistrySource:
                                      f"the manifest says {v.remaining}")
                 if self._stream(r, v, out, cl is None):
                     return
-            except (urllib3.exceptions.HTTPError, requests.RequestException, OSError):
-                pass            # cut off: resume or restart below
+            except _Cut:
+                pass            # resume or restart below; a write error propagates
             finally:
                 r.close()
             cuts += 1
@@ -470,13 +483,13 @@ class RegistrySource:
     def _stream(self, r, v, out, unsized):
         """True when the blob is complete and verified; False when cut."""
         while v.remaining:
-            data = r.raw.read(min(CHUNK, v.remaining), decode_content=False)
+            data = _read(r, min(CHUNK, v.remaining))
             if not data:
                 return False
             v.update(data)
             out.write(data)
         # A body of unknown length must end here: one byte more is refused.
-        if unsized and r.raw.read(1, decode_content=False):
+        if unsized and _read(r, 1):
             raise ImageError(f"blob {v.digest} is larger than its descriptor says",
                              f"more than {v.size} bytes")
         v.check()

@@ -255,3 +255,33 @@ def test_http_proxy_from_environment(hostile, monkeypatch):
     with pytest.raises(ImageError) as e:
         s.manifest()
     assert "cannot reach registry gsbx-test.invalid" in e.value.line()
+
+
+def test_blob_write_error_is_not_a_cut(hostile, tmp_path):
+    """A failing destination (disk full) is reported as itself, not retried
+    as a broken connection."""
+    import errno
+
+    class Full(io.BytesIO):
+        def write(self, b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    s = _hsrc(hostile, "good")
+    _, m, _ = s.manifest()
+    with pytest.raises(OSError) as e:
+        s.blob(m["layers"][0], Full())
+    assert e.value.errno == errno.ENOSPC
+    assert len([p for _, p, _ in hostile.seen if "/blobs/" in p]) == 1
+
+
+def test_store_writer_restart_and_resume(hostile, tmp_path):
+    """Through the store's own blob writer: a cut blob resumed (206) or
+    restarted (200) ends verified in the store."""
+    from gpusandbox.image.store import Store
+    for scen in ("cut-resume", "cut-restart"):
+        st = Store(str(tmp_path / scen))
+        s = _hsrc(hostile, scen)
+        _, m, _ = s.manifest()
+        desc = m["layers"][0]
+        assert st.ensure_blob(s, desc)
+        with st.open_blob(desc["digest"]) as f:
+            assert f.read() == hostile.image.layer
