@@ -13,7 +13,6 @@ past its descriptor's size.  A cut connection resumes with HTTP Range when
 the server answers 206, else the blob restarts.  Connection errors, 5xx and
 429 are retried with backoff (Retry-After honoured up to a cap).  Registry
 error codes become one line with the fix."""
-import ipaddress
 import os
 import random
 import tempfile
@@ -27,6 +26,8 @@ from . import auth as authmod
 from . import digest as digestmod
 from .digest import ImageError
 from . import manifest as mf
+from .netutil import clean as _clean, is_loopback, origin as _origin
+from .netutil import retry_after as _retry_after
 
 MAX_MANIFEST = 4 << 20
 MAX_ERROR_BODY = 64 << 10
@@ -65,36 +66,6 @@ def _noauth(r):
     return r
 
 
-def _clean(text, limit=200):
-    """Server text made safe for one terminal line."""
-    return "".join(c if c.isprintable() else "?" for c in str(text))[:limit]
-
-
-def split_hostport(hostport):
-    if hostport.startswith("["):
-        host, _, rest = hostport[1:].partition("]")
-        return host, rest[1:] if rest.startswith(":") else None
-    if hostport.count(":") > 1:
-        return hostport, None       # a bare IPv6 address
-    host, sep, port = hostport.rpartition(":")
-    return (host, port) if sep and port.isdigit() else (hostport, None)
-
-
-def is_loopback(hostport):
-    host = split_hostport(hostport)[0]
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _origin(url):
-    p = urllib.parse.urlsplit(url)
-    return p.scheme, (p.hostname or "").lower(), p.port or (443 if p.scheme == "https" else 80)
-
-
 def _platform(p):
     """None (the host's), "OS/ARCH[/VARIANT]" or a platform dict."""
     if p is None:
@@ -106,24 +77,11 @@ def _loads(raw, ctype, what):
     """kind, doc of a manifest or index; schema 1 named as such."""
     doc = mf.loads(raw, what)
     if doc.get("schemaVersion") != 2:
-        raise ImageError(f"{what}: unsupported schemaVersion {_clean(doc.get('schemaVersion'), 20)}",
-                         None, "only schema 2 (OCI or Docker v2) images are supported: "
+        raise ImageError(f"{what}: unsupported schemaVersion",
+                         _clean(doc.get("schemaVersion"), 20),
+                         "only schema 2 (OCI or Docker v2) images are supported: "
                          "push the image again with a current docker, podman or skopeo")
     return mf.kind(doc, ctype), doc
-
-
-def _retry_after(value, cap):
-    if not value:
-        return None
-    try:
-        return min(max(float(value), 0.0), cap)
-    except ValueError:
-        pass
-    try:
-        from email.utils import parsedate_to_datetime
-        return min(max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0), cap)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
 
 
 class _Cut(Exception):

@@ -5,7 +5,6 @@ import collections
 import hashlib
 import io
 import json
-import os
 
 import pytest
 

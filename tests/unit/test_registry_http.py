@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from gpusandbox.image import netutil
 from gpusandbox.image import registry as reg
 from gpusandbox.image.digest import ImageError
 
@@ -134,19 +135,19 @@ def test_retries_bounded_and_retry_after_capped():
 
 
 def test_retry_after_forms():
-    assert reg._retry_after("3", 30) == 3.0
-    assert reg._retry_after("-3", 30) == 0.0
-    assert reg._retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 30) == 0.0
-    assert reg._retry_after("soon", 30) is None
+    assert netutil.retry_after("3", 30) == 3.0
+    assert netutil.retry_after("-3", 30) == 0.0
+    assert netutil.retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 30) == 0.0
+    assert netutil.retry_after("soon", 30) is None
 
 
 def test_loopback_and_hostport():
     for h in ("127.0.0.1:5000", "127.9.9.9", "localhost:1", "[::1]:5000", "::1"):
-        assert reg.is_loopback(h), h
+        assert netutil.is_loopback(h), h
     for h in ("10.0.0.1:5000", "localhost.evil.com", "[::2]:1", "r.io"):
-        assert not reg.is_loopback(h), h
-    assert reg.split_hostport("[::1]:5000") == ("::1", "5000")
-    assert reg.split_hostport("r.io") == ("r.io", None)
+        assert not netutil.is_loopback(h), h
+    assert netutil.split_hostport("[::1]:5000") == ("::1", "5000")
+    assert netutil.split_hostport("r.io") == ("r.io", None)
 
 
 def test_token_realm_rules():
