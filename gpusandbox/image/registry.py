@@ -15,7 +15,7 @@ the server answers 206, else the blob restarts.  Connection errors, 5xx and
 error codes become one line with the fix."""
 import os
 import random
-import tempfile
+import ssl
 import time
 import urllib.parse
 
@@ -35,7 +35,6 @@ MAX_TOKEN_BODY = 1 << 20
 MAX_REDIRECTS = 5
 CHUNK = 1 << 20
 CERTS_DIRS = ("/etc/containers/certs.d", "/etc/docker/certs.d")
-SYSTEM_CA = "/etc/ssl/certs/ca-certificates.crt"
 DOCKER_HUB = ("docker.io", "index.docker.io")
 _REDIRECT = (301, 302, 303, 307, 308)
 _RETRY_STATUS = (429, 500, 502, 503, 504)
@@ -97,6 +96,20 @@ def _read(r, n):
         raise _Cut() from None
 
 
+class _TLSAdapter(requests.adapters.HTTPAdapter):
+    def __init__(self, ctx):
+        self._ctx = ctx
+        super().__init__()
+
+    def init_poolmanager(self, *a, **kw):
+        kw["ssl_context"] = self._ctx
+        return super().init_poolmanager(*a, **kw)
+
+    def proxy_manager_for(self, proxy, **kw):
+        kw["ssl_context"] = self._ctx
+        return super().proxy_manager_for(proxy, **kw)
+
+
 class RegistrySource:
     """Source over docker://HOST[:PORT]/REPO[:TAG|@DIGEST] (`ref` is any
     object with host, repo, tag and digest)."""
@@ -120,7 +133,6 @@ class RegistrySource:
         self._creds = authmod.find_credentials(self.host, self.repo, authfile)
         self._authz = None
         self._base = None
-        self._tmp_ca = None
         self._session = requests.Session()
         self._session.headers.update({"User-Agent": "gpusandbox",
                                       "Accept-Encoding": "identity"})
@@ -129,12 +141,16 @@ class RegistrySource:
     # -- transport -------------------------------------------------------
 
     def _tls_setup(self):
+        """The system's CAs (OpenSSL's default paths, so SSL_CERT_FILE and
+        SSL_CERT_DIR apply) plus a registry CA from certs.d, in an SSLContext
+        of this session: not a `verify=` path, which requests replaces with
+        $REQUESTS_CA_BUNDLE whenever that is set."""
         s = self._session
         if not self.tls_verify:
             s.verify = False
             urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
             return
-        crts, cert, key = [], None, None
+        ctx = ssl.create_default_context()
         dirs = list(CERTS_DIRS) + [os.path.expanduser("~/.config/containers/certs.d")]
         for top in dirs:
             d = os.path.join(top, self.endpoint.replace("/", "_"))
@@ -143,25 +159,16 @@ class RegistrySource:
             except OSError:
                 continue
             for n in names:
-                if n.endswith(".crt"):
-                    crts.append(os.path.join(d, n))
-                elif n.endswith(".cert") and os.path.exists(os.path.join(d, n[:-5] + ".key")):
-                    cert, key = os.path.join(d, n), os.path.join(d, n[:-5] + ".key")
-        base = SYSTEM_CA if os.path.exists(SYSTEM_CA) else True
-        if crts:
-            # A site CA is added to the system's, not put in its place.
-            fd, self._tmp_ca = tempfile.mkstemp(prefix="gsbx-ca-", suffix=".pem")
-            with os.fdopen(fd, "wb") as f:
-                if base is not True:
-                    with open(base, "rb") as b:
-                        f.write(b.read() + b"\n")
-                for c in crts:
-                    with open(c, "rb") as b:
-                        f.write(b.read() + b"\n")
-            base = self._tmp_ca
-        s.verify = base
-        if cert:
-            s.cert = (cert, key)
+                path = os.path.join(d, n)
+                try:
+                    if n.endswith(".crt"):
+                        ctx.load_verify_locations(cafile=path)
+                    elif n.endswith(".cert") and os.path.exists(path[:-5] + ".key"):
+                        ctx.load_cert_chain(path, path[:-5] + ".key")
+                except (OSError, ssl.SSLError) as e:
+                    raise ImageError(f"cannot use {path}", _clean(e, 120),
+                                     "it must be a PEM certificate (or key)") from None
+        s.mount("https://", _TLSAdapter(ctx))
 
     def _get(self, url, headers):
         """One GET with redirects followed here (see the module doc)."""
@@ -456,12 +463,6 @@ class RegistrySource:
 
     def close(self):
         self._session.close()
-        if self._tmp_ca:
-            try:
-                os.unlink(self._tmp_ca)
-            except OSError:
-                pass
-            self._tmp_ca = None
 
     def __enter__(self):
         return self

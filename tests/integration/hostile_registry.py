@@ -28,6 +28,7 @@ import http.server
 import json
 import os
 import re
+import ssl
 import threading
 import urllib.parse
 
@@ -65,18 +66,21 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 class Hostile:
-    def __init__(self):
+    def __init__(self, tls=None):
+        """tls: (certfile, keyfile) to serve https on 127.0.0.1 (the other
+        server on 127.0.0.2 stays plain http)."""
+        self.scheme = "https" if tls else "http"
         self.image = _Image()
         self.lock = threading.Lock()
         self.counts = {}
         self.tokens = 0
         self.seen = []              # (server, path, headers) of every request
-        self.main = self._serve("127.0.0.1", self._main_handler)
+        self.main = self._serve("127.0.0.1", self._main_handler, tls)
         self.other = self._serve("127.0.0.2", self._other_handler)
         self.host = f"127.0.0.1:{self.main.server_address[1]}"
         self.other_host = f"127.0.0.2:{self.other.server_address[1]}"
 
-    def _serve(self, addr, handler):
+    def _serve(self, addr, handler, tls=None):
         outer = self
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -91,6 +95,10 @@ class Hostile:
                 handler(self)
 
         srv = _Server((addr, 0), H)
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         return srv
 
@@ -124,7 +132,7 @@ class Hostile:
         self._send(h, status, body, [("Content-Type", "application/json")] + list(headers))
 
     def _challenge(self, h):
-        realm = f"http://{self.host}/token"
+        realm = f"{self.scheme}://{self.host}/token"
         self._error(h, 401, "UNAUTHORIZED", [(
             "WWW-Authenticate", f'Bearer realm="{realm}",service="hostile",scope="x"')])
 

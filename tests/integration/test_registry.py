@@ -284,3 +284,45 @@ def test_store_writer_restart_and_resume(hostile, tmp_path):
         assert st.ensure_blob(s, desc)
         with st.open_blob(desc["digest"]) as f:
             assert f.read() == hostile.image.layer
+
+
+@pytest.fixture
+def tls_hostile(tmp_path):
+    """The hostile server over https with a cert for 127.0.0.1, and a
+    certs.d directory holding its CA."""
+    import subprocess
+    key, crt = tmp_path / "key.pem", tmp_path / "crt.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
+    h = Hostile(tls=(str(crt), str(key)))
+    certs = tmp_path / "certs.d"
+    (certs / h.host).mkdir(parents=True)
+    (certs / h.host / "ca.crt").write_bytes(crt.read_bytes())
+    h.certs = certs
+    yield h
+    h.stop()
+
+
+def test_https_with_certs_d_ca(tls_hostile, tmp_path, monkeypatch):
+    import gpusandbox.image.registry as regmod
+    h = tls_hostile
+    monkeypatch.setattr(regmod, "CERTS_DIRS", (str(h.certs),))
+    s = _hsrc(h, "good")
+    _blob_ok(h, "good", tmp_path)
+    assert s._base_url() == f"https://{h.host}"
+    # https never leads to http, Authorization or not
+    e = _blob_error(h, "redirect", tmp_path)
+    assert "https to plain http" in e.line()
+    assert not [p for srv, p, _ in h.seen if srv == "127.0.0.2"]
+
+
+def test_https_unknown_ca_refused(tls_hostile, tmp_path, monkeypatch):
+    """Without its CA the server is not trusted; the plain-http fallback of
+    a loopback registry finds no http there either: one error, no bytes."""
+    import gpusandbox.image.registry as regmod
+    monkeypatch.setattr(regmod, "CERTS_DIRS", (str(tmp_path / "none"),))
+    with pytest.raises(ImageError) as e:
+        _hsrc(tls_hostile, "good").manifest()
+    assert f"cannot reach registry {tls_hostile.host}" in e.value.line()
+    assert not [p for _, p, _ in tls_hostile.seen if "/manifests/" in p]
