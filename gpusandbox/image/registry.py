@@ -151,6 +151,9 @@ class RegistrySource:
             urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
             return
         ctx = ssl.create_default_context()
+        # urllib3 matches the host name itself when the context does not
+        # (urllib3 1.26, Debian 12's, requires that for an IP address).
+        ctx.check_hostname = False
         dirs = list(CERTS_DIRS) + [os.path.expanduser("~/.config/containers/certs.d")]
         for top in dirs:
             d = os.path.join(top, self.endpoint.replace("/", "_"))

@@ -286,20 +286,25 @@ def test_store_writer_restart_and_resume(hostile, tmp_path):
             assert f.read() == hostile.image.layer
 
 
-@pytest.fixture
-def tls_hostile(tmp_path):
-    """The hostile server over https with a cert for 127.0.0.1, and a
-    certs.d directory holding its CA."""
+def _tls_server(where, san):
+    """The hostile server over https with a self-signed cert for `san`, and
+    a certs.d directory holding it as the registry's CA."""
     import subprocess
-    key, crt = tmp_path / "key.pem", tmp_path / "crt.pem"
+    where.mkdir()
+    key, crt = where / "key.pem", where / "crt.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-subj", "/CN=gsbx-test", "-addext", f"subjectAltName={san}",
                     "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
     h = Hostile(tls=(str(crt), str(key)))
-    certs = tmp_path / "certs.d"
-    (certs / h.host).mkdir(parents=True)
-    (certs / h.host / "ca.crt").write_bytes(crt.read_bytes())
-    h.certs = certs
+    h.certs = where / "certs.d"
+    (h.certs / h.host).mkdir(parents=True)
+    (h.certs / h.host / "ca.crt").write_bytes(crt.read_bytes())
+    return h
+
+
+@pytest.fixture
+def tls_hostile(tmp_path):
+    h = _tls_server(tmp_path / "tls", "IP:127.0.0.1")
     yield h
     h.stop()
 
@@ -315,6 +320,16 @@ def test_https_with_certs_d_ca(tls_hostile, tmp_path, monkeypatch):
     e = _blob_error(h, "redirect", tmp_path)
     assert "https to plain http" in e.line()
     assert not [p for srv, p, _ in h.seen if srv == "127.0.0.2"]
+    # a trusted CA, but a certificate for another name
+    other = _tls_server(tmp_path / "other", "DNS:gsbx-other.invalid")
+    try:
+        monkeypatch.setattr(regmod, "CERTS_DIRS", (str(other.certs),))
+        with pytest.raises(ImageError) as e:
+            _hsrc(other, "good").manifest()
+        assert f"cannot reach registry {other.host}" in e.value.line()
+        assert not [p for _, p, _ in other.seen if "/manifests/" in p]
+    finally:
+        other.stop()
 
 
 def test_https_unknown_ca_refused(tls_hostile, tmp_path, monkeypatch):
