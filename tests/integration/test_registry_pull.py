@@ -5,6 +5,7 @@ exit 125, nothing left in the store."""
 import base64
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -53,6 +54,26 @@ def test_pull_with_authfile(runner, store, registry_auth, pushed, shared_tmp):
     os.chmod(af, 0o600)
     r = gsbx(runner, store, ["pull", "-q", "--authfile", str(af), ref])
     assert (r.returncode, r.stdout.strip()) == (0, pushed["auth"]), r.stderr
+
+
+
+def test_run_pulls_with_registry_auth_file(runner, store, registry_auth, pushed, shared_tmp):
+    """run has no --authfile: $REGISTRY_AUTH_FILE (or the user's auth.json)
+    serves a pull on a miss."""
+    af = shared_tmp / "auth.json"
+    user, pw = registry_auth.creds
+    af.write_text(json.dumps({"auths": {registry_auth.host: {
+        "auth": base64.b64encode(f"{user}:{pw}".encode()).decode()}}}))
+    os.chown(af, runner.uid, runner.gid)
+    os.chmod(af, 0o600)
+    cmd = [runner.cli, "run", f"docker://{registry_auth.host}/e2e/img:v1", "cat hello"]
+    if runner.mode == "rootless":
+        cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
+               "--clear-groups", "--"] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/",
+                       env=runner.env({"GPUSANDBOX_STORE": str(store),
+                                       "REGISTRY_AUTH_FILE": str(af)}))
+    assert (r.returncode, r.stdout) == (0, "hello from the image\n"), r.stderr
 
 
 @pytest.mark.parametrize("scen,words", [
