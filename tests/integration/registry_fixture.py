@@ -14,6 +14,7 @@ import http.server
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -158,8 +159,6 @@ class Registry:
             "version: 0.1",
             "log:",
             "  level: error",
-            "  accesslog:",
-            "    disabled: true",
             "storage:",
             "  filesystem:",
             f"    rootdirectory: {top / 'data'}",
@@ -206,6 +205,22 @@ class Registry:
         subprocess.run(argv, check=True, timeout=120, stdout=subprocess.DEVNULL,
                        env=dict(os.environ, TMPDIR=str(self.top)))
         return dfile.read_text().strip()
+
+    def blob_gets(self, since=0):
+        """{path: count} of the blob GETs in the access log after byte `since`
+        (log_size() before the action)."""
+        out = {}
+        with open(self.top / "registry.log", "rb") as f:
+            f.seek(since)
+            for line in f.read().decode(errors="replace").splitlines():
+                m = re.search(r'"GET (/v2/\S+/blobs/sha256:[0-9a-f]{64}) HTTP', line)
+                if m:
+                    out[m.group(1)] = out.get(m.group(1), 0) + 1
+        return out
+
+    def log_size(self):
+        self.log.flush()
+        return os.path.getsize(self.top / "registry.log")
 
     def stop(self):
         if self.proc.poll() is None:
