@@ -7,7 +7,14 @@ import sys
 USAGE = """usage: gpusandbox COMMAND [options]
 
 commands:
-  run [options] IMAGE_DIR [--] CMD [ARG...]   run CMD in IMAGE_DIR (see 'gpusandbox run --help')
+  run [options] IMAGE [--] [CMD [ARG...]]    run CMD in IMAGE: a directory, a bundle or an image
+                                              reference (see 'gpusandbox run --help')
+  pull REF                                    pull an image into the store (docker://, oci:,
+                                              oci-archive:, docker-archive:)
+  images [--json]                             the images in the store
+  rmi REF|DIGEST...                           remove images from the store
+  prune                                       remove unreferenced images and blobs
+  inspect REF [--json]                        an image's platform, config and layers
   info [--json]                               driver, CUDA ceiling, GPUs, isolation available here
   list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
   doctor [--gpus SEL] [IMAGE_DIR]             check launcher, driver and image, one line per check
@@ -51,6 +58,8 @@ def main(argv=None):
         return _report_cmd("gpusandbox.doctor", "main", rest)
     if cmd == "sim":
         return _report_cmd("gpusandbox.gpu.sim", "main", rest)
+    if cmd in ("pull", "images", "rmi", "prune", "inspect"):
+        return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
     if cmd in ("version", "--version"):
         from . import __version__
         sys.stdout.write(f"gpusandbox {__version__}\n")

@@ -10,10 +10,14 @@ import sys
 from .errors import SandboxError, UsageError, EXIT_LAUNCHER, message
 from .spec import Bind, RunSpec
 
-RUN_HELP = """usage: gpusandbox run [options] IMAGE_DIR [--] CMD [ARG...]
+RUN_HELP = """usage: gpusandbox run [options] IMAGE [--] [CMD [ARG...]]
 
-Run CMD inside IMAGE_DIR (a root filesystem directory, or an OCI bundle with
-config.json and rootfs/).  CMD is looked up on the image's PATH.
+Run CMD inside IMAGE: a root filesystem directory, an OCI bundle (config.json
+and rootfs/), or an image reference: docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST],
+oci:DIR[:TAG], oci-archive:FILE[:TAG], docker-archive:FILE[:NAME:TAG] (pulled
+into the store first), or NAME[:TAG] already in the store.  Short names follow
+docker's rule: ubuntu is docker.io/library/ubuntu:latest.  For an image, CMD is
+optional (its Entrypoint + Cmd).  CMD is looked up on the image's PATH.
 
 GPUs:
   --gpus all|none|auto|LIST   GPUs to inject: indices, GPU-<uuid>, PCI bus ids, MIG g:i, MIG-<uuid>
@@ -51,6 +55,11 @@ cgroup:
   --cgroup-parent PATH        parent cgroup for the sandbox's leaf (default: the launcher's)
   --memory N  --memory-swap N --pids-limit N  --cpus N
   --best-effort-limits        warn instead of failing when a controller is missing
+Images (see docs/images.md):
+  --entrypoint CMD            replace the image's Entrypoint (and drop its Cmd); '' clears it
+  --platform OS/ARCH[/VAR]    the platform to pull and run (default: this host's)
+  --store DIR                 the image store (default $GPUSANDBOX_STORE, else
+                              $XDG_DATA_HOME/gpusandbox/store)
 Other:
   --verbose                   print what was set up (cgroup, device filter, mounts) to stderr
   -h, --help
@@ -67,7 +76,8 @@ _OPTS = {
     "-w": "workdir", "--workdir": "workdir", "-e": "env", "--env": "env",
     "--env-file": "env_file", "--seccomp": "seccomp", "--cgroup-parent": "cgroup_parent",
     "--memory": "memory", "--memory-swap": "memory_swap", "--pids-limit": "pids_limit",
-    "--cpus": "cpus", "--device": "device",
+    "--cpus": "cpus", "--device": "device", "--entrypoint": "entrypoint",
+    "--platform": "platform", "--store": "store",
 }
 _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
@@ -131,6 +141,20 @@ def parse_user(value):
     return (u, g)
 
 
+_TRANSPORTS = ("docker://", "oci:", "oci-archive:", "docker-archive:")
+
+
+def is_image_ref(text):
+    """IMAGE names an image (not a directory) by its form: a transport
+    prefix, or a NAME[:TAG|@DIGEST] that is not an existing directory.  Only
+    string checks and one stat: `run DIR` imports no image module."""
+    if text.startswith(_TRANSPORTS):
+        return True
+    if not text or text.startswith(("/", ".")) or os.path.isdir(text):
+        return False
+    return text.isascii() and all(c.isalnum() or c in "._-/:@" for c in text)
+
+
 def parse_run_args(argv):
     spec = RunSpec()
     i, n = 0, len(argv)
@@ -187,10 +211,11 @@ def parse_run_args(argv):
     if i >= n:
         _bad("missing IMAGE_DIR", None, "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
     spec.image = argv[i]
+    spec.image_ref = is_image_ref(spec.image)
     rest = argv[i + 1:]
     if rest and rest[0] == "--":
         rest = rest[1:]
-    if not rest:
+    if not rest and not spec.image_ref:
         _bad("missing command", None, "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
     spec.argv = rest
     if spec.workdir is not None and not spec.workdir.startswith("/"):
@@ -218,6 +243,12 @@ def main_run(argv):
             from .stages.channel import pause_hook_enabled
             if pause_hook_enabled():
                 spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
+        if spec.image_ref:
+            from .image.runimage import prepare
+            prepare(spec)
+        elif spec.entrypoint is not None or spec.platform is not None:
+            _bad("--entrypoint and --platform apply to image references", None,
+                 "IMAGE_DIR is a directory: give the command after it")
         from .stages.parent import launch
         return launch(spec)
     except SandboxError as e:

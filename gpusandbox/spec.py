@@ -31,6 +31,8 @@ class RunSpec:
         "cgroup_parent", "memory", "memory_swap", "pids_limit", "cpus", "best_effort",
         # security
         "seccomp",
+        # images (an image reference as IMAGE): --entrypoint, --platform, --store
+        "entrypoint", "platform", "store", "image_ref",
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
         # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
@@ -65,4 +67,8 @@ class RunSpec:
         self.cpus = None
         self.best_effort = False
         self.seccomp = "default"
+        self.entrypoint = None
+        self.platform = None
+        self.store = None
+        self.image_ref = False       # IMAGE is an image reference (cli.is_image_ref)
         self.pause_at = None

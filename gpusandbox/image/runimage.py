@@ -1,0 +1,105 @@
+"""`run IMAGE` where IMAGE is an image reference: find or pull it in the
+store, then hand the launch its bundle directory (config.json + rootfs/) as
+IMAGE_DIR.  From there the usual plan holds the root by fd; the image's
+Env and WorkingDir come from the bundle's config.json (row 3 of the
+environment table, the default -w), its Entrypoint/Cmd and User are applied
+to the RunSpec here.  A store image is never written: it always runs under
+the private overlay (--rw is refused)."""
+import os
+import sys
+
+from . import config as cfgmod
+from . import manifest as mf
+from . import ref as refmod
+from .digest import ImageError
+from .store import Store, default_root
+
+
+def stores(root=None, environ=None):
+    """The writable store, then the read-only site store (if set and present)."""
+    env = os.environ if environ is None else environ
+    out = [Store(root or default_root(env))]
+    site = env.get("GPUSANDBOX_SITE_STORE")
+    if site and os.path.isdir(site):
+        out.append(Store(site, readonly=True))
+    return out
+
+
+def find(ref, all_stores):
+    """(store, manifest digest) of a store or registry reference, or None."""
+    name = ref.canonical()
+    for st in all_stores:
+        dig = st.get_ref(name)
+        if dig is None and ref.digest and st.has_image(ref.digest):
+            dig = ref.digest
+        if dig is not None and st.has_image(dig):
+            return st, dig
+    return None
+
+
+def obtain(ref, all_stores, platform=None, opts=None, progress=None):
+    """(store, digest) of `ref`, pulling a transport reference on a miss."""
+    if ref.transport in ("store", "docker"):
+        hit = find(ref, all_stores)
+        if hit:
+            return hit
+        if ref.transport == "store":
+            raise ImageError(f"image not found: {ref.canonical()}",
+                             "no such directory, and no image of that name in the store "
+                             f"{all_stores[0].root}",
+                             f"pull it first: gpusandbox pull docker://{ref.canonical()}")
+    from .sources import names_for, open_source
+    o = dict(opts or {})
+    o["platform"] = platform
+    src = open_source(ref, o)
+    try:
+        rec = all_stores[0].pull(src, names_for(ref), platform=platform,
+                                 asked=platform is not None, progress=progress)
+    finally:
+        src.close()
+    return all_stores[0], rec["digest"]
+
+
+def prepare(spec):
+    """Resolve spec.image (an image reference) into a store bundle and apply
+    the image config to `spec`."""
+    if spec.rootfs_mode == "rw":
+        raise ImageError("--rw cannot be used with a store image",
+                         "store images are shared and never written",
+                         "drop --rw: writes go to a private overlay discarded at exit")
+    ref = refmod.parse(spec.image)
+    platform = mf.parse_platform(spec.platform) if spec.platform else None
+    from .progress import Progress
+    # A pull on a miss shows progress on a terminal, and as plain lines for a
+    # registry (minutes, in a batch log); a local import stays quiet.
+    mode = "tty" if sys.stderr.isatty() else "plain" if ref.transport == "docker" else "none"
+    st, dig = obtain(ref, stores(spec.store), platform, progress=Progress(mode))
+    rec = st.image_record(dig)
+    if not rec:
+        raise ImageError(f"image {dig} in {st.root} has no readable record", None,
+                         "remove it with 'gpusandbox rmi' and pull it again")
+    conf = cfgmod.parse(st.read_blob(rec["config"]))
+    cfgmod.check_platform(conf, platform or mf.host_platform(), platform is not None)
+    spec.image = st.bundle(dig)
+    spec.argv = cfgmod.command(conf, spec.argv, spec.entrypoint)
+    if not spec.argv:
+        raise ImageError(f"no command to run in {ref.canonical()}",
+                         "the image has no Entrypoint or Cmd",
+                         "give one: gpusandbox run IMAGE CMD [ARG...]")
+    if conf.user and spec.user is None and not spec.fakeroot:
+        _user(spec, conf, st.bundle(dig) + "/rootfs")
+    st.touch(dig)
+
+
+def _user(spec, conf, rootfs):
+    """The image's User where the sandbox can represent it: real root in
+    the host user namespace (the --user path); elsewhere a note."""
+    if os.geteuid() == 0 and spec.userns in ("auto", "host"):
+        from ..linux import sys as k
+        spec.user = cfgmod.resolve_user(conf, rootfs,
+                                        lambda p, lim: k.read_in_root(rootfs, p, lim))
+        spec.userns = "host"
+        return
+    sys.stderr.write(f"gpusandbox: note: the image's User {conf.user[:60]!r} is not applied "
+                     "(rootless or in a user namespace); the command runs as you "
+                     "(--root for uid 0)\n")

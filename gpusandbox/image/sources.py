@@ -1,0 +1,40 @@
+"""ImageRef -> Source, and the names a pulled image is recorded under.
+
+The registry client is imported only for docker:// references, so a pull or
+run of a local layout or archive never loads an HTTP library."""
+from . import ref as refmod
+from .digest import ImageError
+
+
+def open_source(ref, opts=None):
+    """A Source for `ref` (an ImageRef of a transport); opts: authfile,
+    tls_verify, platform (for the registry)."""
+    opts = opts or {}
+    if ref.transport == "docker":
+        from .registry import RegistrySource
+        return RegistrySource(ref, authfile=opts.get("authfile"),
+                              tls_verify=opts.get("tls_verify", True),
+                              platform=opts.get("platform"))
+    if ref.transport in ("oci", "oci-archive", "docker-archive"):
+        from .archive import open_local
+        return open_local(ref)
+    raise ImageError(f"cannot pull {ref.canonical()}", "it names an image already in the store",
+                     "pull docker://NAME, oci:DIR, oci-archive:FILE or docker-archive:FILE")
+
+
+def names_for(ref):
+    """The refs a pull of `ref` records, as a function of its source: the
+    reference itself, and for a docker-archive without a name the names
+    its manifest.json gives (as `docker load` does)."""
+    def names(source):
+        if ref.transport == "docker-archive" and ref.tag is None:
+            out = []
+            for t in getattr(source, "names", []) or []:
+                try:
+                    h, r, tag, _ = refmod.parse_name(t)
+                except ImageError:
+                    continue
+                out.append(f"{h}/{r}:{tag}")
+            return out or [ref.canonical()]
+        return [ref.canonical()]
+    return names

@@ -1,0 +1,652 @@
+"""The image store: content-addressed blobs, flattened images, refs.
+
+  ROOT/blobs/sha256/<hex>            verified blobs (manifests, configs, layers)
+  ROOT/images/<manifest hex>/rootfs  the image, layers applied in order
+  ROOT/images/<manifest hex>/image.json, used (mtime = last used)
+  ROOT/refs/<escaped name>           {"name", "digest"}: a name -> manifest digest
+  ROOT/tmp/                          staging: a blob or an image being built
+  ROOT/locks/                        fcntl lock files
+
+Everything is published by rename from tmp/ (same filesystem) after its
+content is verified and fsynced, so a reader sees a complete blob or image
+or nothing, and never locks.  Writers lock per blob and per image (flock),
+so concurrent pulls of one image fetch each blob once and unpack it once.
+A staging entry carries its writer's owner token, whose lock file the
+writer holds flock'ed for its whole life: an entry whose owner lock can be
+taken belongs to a dead writer (SIGKILL, node crash) and is removed by the
+next pull or prune, on any node of a shared store.
+Every pull holds locks/gc shared; rmi and prune take it exclusively, so
+nothing a running pull needs disappears under it.
+
+All paths are relative to the store's directory fd; the store and every
+staging directory are 0700, so a setuid file in an image is reachable by
+nobody else on the host."""
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import socket
+import stat
+import time
+
+from . import config as cfgmod
+from . import digest as digestmod
+from . import manifest as mf
+from .digest import ImageError
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+SUBDIRS = ("blobs", "blobs/sha256", "blobs/sha512", "images", "refs", "tmp", "locks")
+MAX_REF_FILE = 200
+
+
+def default_root(environ=None):
+    env = os.environ if environ is None else environ
+    if env.get("GPUSANDBOX_STORE"):
+        return env["GPUSANDBOX_STORE"]
+    data = env.get("XDG_DATA_HOME")
+    if not data or not data.startswith("/"):
+        home = env.get("HOME") or os.path.expanduser("~")
+        data = os.path.join(home, ".local", "share")
+    return os.path.join(data, "gpusandbox", "store")
+
+
+def escape(name):
+    """A ref name as one file name: '%XX' for anything but [A-Za-z0-9_-]
+    (so no '/', '.', '..' or NUL can reach the file system), hashed when long."""
+    out = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else
+                  "".join(f"%{b:02X}" for b in c.encode()) for c in name)
+    if len(out) > MAX_REF_FILE:
+        out = "h-" + hashlib.sha256(name.encode()).hexdigest()
+    return out
+
+
+def bundle_config(conf):
+    """The OCI runtime bundle config.json next to rootfs/: the image's Env
+    and WorkingDir, which `run` of the bundle reads as row 3 of the
+    environment table and the default -w (plan._config_env checks it again)."""
+    proc = {"env": [f"{k}={v}" for k, v in conf.env], "cwd": conf.workdir or "/",
+            "args": (conf.entrypoint or []) + (conf.cmd or [])}
+    return json.dumps({"ociVersion": "1.0.2", "process": proc,
+                       "root": {"path": "rootfs", "readonly": True}}).encode()
+
+
+class _Writer:
+    """A file object that hashes and counts what it is given, so the store
+    checks every blob itself whatever source wrote it."""
+
+    def __init__(self, f, desc, progress=None):
+        self.f = f
+        self.v = digestmod.Verifier(desc["digest"], desc["size"])
+        self.progress = progress
+
+    def write(self, data):
+        self.v.update(data)
+        self.f.write(data)
+        if self.progress:
+            self.progress("bytes", len(data))
+        return len(data)
+
+    # A source may restart a cut-off download from the start (the registry
+    # client does when a server cannot resume): seek(0) + truncate().
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.f.tell()
+
+    def seek(self, pos, whence=0):
+        if (pos, whence) != (0, 0):
+            raise OSError(errno.ESPIPE, "a blob is restarted only from its start")
+        self.f.seek(0)
+        self.v = digestmod.Verifier(self.v.digest, self.v.size)
+        return 0
+
+    def truncate(self, size=None):
+        return self.f.truncate(size)
+
+    def flush(self):
+        self.f.flush()
+
+
+def _mkdir_p(path, mode=0o700):
+    try:
+        os.makedirs(path, mode=mode, exist_ok=True)
+    except OSError as e:
+        raise ImageError(f"cannot create the image store {path}", e.strerror,
+                         "set GPUSANDBOX_STORE or --store to a writable directory") from None
+
+
+def rmtree_at(dirfd, name):
+    """Remove `name` under `dirfd` and everything below it, never following
+    a symlink; directories an image made read-only are chmod'ed first."""
+    stack = []
+    try:
+        os.unlink(name, dir_fd=dirfd)
+        return
+    except FileNotFoundError:
+        return
+    except (IsADirectoryError, PermissionError):
+        pass
+    except OSError as e:
+        if e.errno != errno.EISDIR:
+            raise
+    fd = os.open(name, _DIR, dir_fd=dirfd)
+    stack.append((dirfd, name, fd))
+    while stack:
+        pfd, pname, fd = stack[-1]
+        try:
+            os.fchmod(fd, 0o700)
+        except OSError:
+            pass
+        descended = False
+        for entry in os.listdir(fd):
+            try:
+                os.unlink(entry, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno not in (errno.EISDIR, errno.EPERM):
+                    raise
+                stack.append((fd, entry, os.open(entry, _DIR, dir_fd=fd)))
+                descended = True
+                break
+        if descended:
+            continue
+        stack.pop()
+        os.close(fd)
+        os.rmdir(pname, dir_fd=pfd)
+
+
+class Store:
+    def __init__(self, root, readonly=False):
+        self.root = os.path.abspath(root)
+        self.readonly = readonly
+        if not readonly:
+            _mkdir_p(self.root)
+        try:
+            self.fd = os.open(self.root, _DIR)
+        except OSError as e:
+            raise ImageError(f"cannot open the image store {self.root}", e.strerror,
+                             "set GPUSANDBOX_STORE or --store to a directory you own") from None
+        if not readonly:
+            st = os.fstat(self.fd)
+            if st.st_uid != os.geteuid():
+                os.close(self.fd)
+                raise ImageError(f"the image store {self.root} belongs to uid {st.st_uid}",
+                                 "a store is written only by its owner",
+                                 "use your own with --store DIR or GPUSANDBOX_STORE")
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                os.fchmod(self.fd, 0o700)
+            for d in SUBDIRS:
+                try:
+                    os.mkdir(d, 0o700, dir_fd=self.fd)
+                except FileExistsError:
+                    pass
+        self.host = "".join(c if c.isalnum() or c in ".-" else "-"
+                            for c in socket.gethostname()[:64])
+        self._own = None
+        self._n = 0
+        self._fetched = []
+
+    def close(self):
+        os.close(self.fd)
+
+    # -- locks and staging ------------------------------------------------
+
+    def lock(self, name, shared=False):
+        fd = os.open(f"locks/{name}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600, dir_fd=self.fd)
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        return fd
+
+    def _owner(self):
+        """This process's owner token, with locks/owner-<token> held locked
+        for its life: a staging entry is named with the token of its writer,
+        and its writer is alive exactly while that lock is held (process
+        death releases it, on any node of a shared store)."""
+        if self._own is None or self._own[0] != os.getpid():
+            token = f"{os.getpid()}-{secrets.token_hex(4)}-{self.host}"
+            fd = os.open(f"locks/owner-{token}", os.O_RDWR | os.O_CREAT | os.O_EXCL
+                         | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=self.fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._own = (os.getpid(), token, fd)
+        return self._own[1]
+
+    def _staging_name(self, kind):
+        self._n += 1
+        return f"tmp/{kind}_{self._owner()}_{self._n}"
+
+    def _owner_alive(self, token, dead):
+        if token in dead:
+            return False
+        try:
+            fd = os.open(f"locks/owner-{token}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=self.fd)
+        except FileNotFoundError:
+            dead[token] = None
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return True
+        dead[token] = fd                 # held until its entries are gone
+        return False
+
+    def clean_staging(self):
+        """Remove staging entries whose writer is gone, and its owner file."""
+        tfd = os.open("tmp", _DIR, dir_fd=self.fd)
+        dead = {}
+        try:
+            for name in os.listdir(tfd):
+                kind, _, rest = name.partition("_")
+                token = rest.rpartition("_")[0]
+                if not token or not self._owner_alive(token, dead):
+                    rmtree_at(tfd, name)
+        finally:
+            os.close(tfd)
+            for token, fd in dead.items():
+                if fd is not None:
+                    try:
+                        os.unlink(f"locks/owner-{token}", dir_fd=self.fd)
+                    except OSError:
+                        pass
+                    os.close(fd)
+
+    # -- blobs ------------------------------------------------------------
+
+    @staticmethod
+    def blob_path(dig):
+        alg, hexpart = digestmod.parse(dig)
+        return f"blobs/{alg}/{hexpart}"
+
+    def has_blob(self, desc):
+        try:
+            st = os.stat(self.blob_path(desc["digest"]), dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == desc["size"]
+
+    def open_blob(self, dig):
+        return os.fdopen(os.open(self.blob_path(dig), os.O_RDONLY | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, dir_fd=self.fd), "rb")
+
+    def ensure_blob(self, source, desc, progress=None):
+        """The blob in the store, fetched from `source` at most once across
+        concurrent pulls; returns True when this call fetched it."""
+        path = self.blob_path(desc["digest"])
+        if self.has_blob(desc):
+            return False
+        lk = self.lock("blob-" + path.rpartition("/")[2])
+        try:
+            if self.has_blob(desc):
+                return False
+            tmp = self._staging_name("blob")
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
+                         dir_fd=self.fd)
+            try:
+                with os.fdopen(os.dup(fd), "wb") as f:
+                    w = _Writer(f, desc, progress)
+                    source.blob(desc, w)
+                    w.v.check()
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.rename(tmp, path, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                self._fetched.append(desc["digest"])
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=self.fd)
+                except OSError:
+                    pass
+                raise
+            finally:
+                os.close(fd)
+            if progress:
+                progress("blob", desc)
+            return True
+        finally:
+            os.close(lk)
+
+    def put_bytes(self, dig, raw):
+        class _Bytes:
+            def blob(self, desc, out):
+                out.write(raw)
+        self.ensure_blob(_Bytes(), {"digest": dig, "size": len(raw)})
+
+    def read_blob(self, dig, limit=mf.MAX_DOC):
+        with self.open_blob(dig) as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise ImageError(f"blob {dig} is too large to be a manifest or config", None)
+        return data
+
+    # -- images -----------------------------------------------------------
+
+    def image_dir(self, dig):
+        return "images/" + digestmod.parse(dig, "manifest digest")[1]
+
+    def has_image(self, dig):
+        try:
+            os.stat(self.image_dir(dig) + "/image.json", dir_fd=self.fd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def image_record(self, dig):
+        try:
+            return json.loads(self.read_file(self.image_dir(dig) + "/image.json"))
+        except (OSError, ValueError):
+            return None
+
+    def read_file(self, rel, limit=1 << 20):
+        with os.fdopen(os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               dir_fd=self.fd), "rb") as f:
+            return f.read(limit)
+
+    def bundle(self, dig):
+        """The image as an OCI bundle directory (config.json + rootfs/)."""
+        return f"{self.root}/{self.image_dir(dig)}"
+
+    def touch(self, dig):
+        """Last used: the mtime of images/<hex>/used (one utime, no lock)."""
+        if self.readonly:
+            return
+        try:
+            os.utime(self.image_dir(dig) + "/used", dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            pass
+
+    def pull(self, source, names=None, platform=None, asked=False, progress=None):
+        """Fetch and unpack the image `source` offers for `platform` and name
+        it: `names` is a list of refs or a function of the source giving one
+        (a docker-archive's names are known after its manifest is read); the
+        refs are written under the gc lock, so no prune sees the image
+        unnamed.  Returns its image record."""
+        want = platform or mf.host_platform()
+        gc = self.lock("gc", shared=True)
+        self._fetched = []
+        try:
+            self.clean_staging()
+            dig, man, raw = source.manifest(want)
+            h = digestmod.hasher(dig)
+            h.update(raw)
+            if f"{dig.partition(':')[0]}:{h.hexdigest()}" != dig:
+                raise ImageError(f"manifest {dig} does not match its digest", None)
+            mf.check_manifest(man)
+            if not self.has_image(dig):
+                self._build(source, dig, man, raw, want, asked, progress)
+            for name in (names(source) if callable(names) else names or ()):
+                self.set_ref(name, dig)
+            self.touch(dig)
+            return self.image_record(dig)
+        except BaseException:
+            self._forget(gc)
+            gc = None
+            raise
+        finally:
+            if gc is not None:
+                os.close(gc)
+
+    def _forget(self, gc):
+        """After a failed pull: remove the blobs it fetched that no image
+        needs, so bad input leaves nothing behind.  Only when no other pull
+        runs (gc taken exclusively without waiting); else prune does it."""
+        try:
+            fcntl.flock(gc, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(gc)
+            return
+        try:
+            needed = set()
+            for d in self.image_digests():
+                rec = self.image_record(d) or {}
+                needed.update([d, rec.get("config")] + list(rec.get("layers") or []))
+            for d in self._fetched:
+                if d not in needed:
+                    try:
+                        os.unlink(self.blob_path(d), dir_fd=self.fd)
+                    except OSError:
+                        pass
+        finally:
+            os.close(gc)
+
+    def _build(self, source, dig, man, raw, want, asked, progress):
+        self.put_bytes(dig, raw)
+        self.ensure_blob(source, man["config"])
+        conf = cfgmod.parse(self.read_blob(man["config"]["digest"]))
+        cfgmod.check_platform(conf, want, asked)
+        layers = man["layers"]
+        if len(conf.diff_ids) != len(layers):
+            raise ImageError(f"image {dig}: {len(layers)} layers but "
+                             f"{len(conf.diff_ids)} diff_ids in its config", None)
+        if progress:
+            progress("start", {"layers": len(layers),
+                               "total": sum(d["size"] for d in layers
+                                            if not self.has_blob(d))})
+        for d in layers:
+            if self.has_blob(d) and progress:
+                progress("cached", d)
+            self.ensure_blob(source, d, progress)
+        lk = self.lock("image-" + dig.partition(":")[2])
+        try:
+            if self.has_image(dig):
+                return
+            self._unpack(dig, man, conf, progress)
+        finally:
+            os.close(lk)
+
+    def _unpack(self, dig, man, conf, progress):
+        from . import unpack
+        tmp = self._staging_name("image")
+        os.mkdir(tmp, 0o700, dir_fd=self.fd)
+        sfd = os.open(tmp, _DIR, dir_fd=self.fd)
+        try:
+            os.mkdir("rootfs", 0o755, dir_fd=sfd)
+            rootfd = os.open("rootfs", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, dir_fd=sfd)
+            warned = set()
+
+            def warn(line):
+                if line not in warned and progress:
+                    warned.add(line)
+                    progress("warn", line)
+            try:
+                for i, d in enumerate(man["layers"]):
+                    with self.open_blob(d["digest"]) as f:
+                        diff_id = unpack.apply_layer(rootfd, f, media_type=d["mediaType"],
+                                                     rootless=os.geteuid() != 0, warn=warn)
+                    if diff_id != conf.diff_ids[i]:
+                        raise ImageError(f"layer {d['digest']} does not match the image "
+                                         f"config's diff_id", f"got {diff_id}, config says "
+                                         f"{conf.diff_ids[i]}")
+                    if progress:
+                        progress("layer", d)
+            finally:
+                os.close(rootfd)
+            size = sum(d["size"] for d in man["layers"])
+            rec = {"digest": dig, "config": man["config"]["digest"], "size": size,
+                   "created": conf.created, "platform": mf.format_platform(conf.platform()),
+                   "layers": [d["digest"] for d in man["layers"]], "pulled": int(time.time())}
+            for fname, data in (("image.json", json.dumps(rec).encode()), ("used", b""),
+                                ("config.json", bundle_config(conf))):
+                fd = os.open(fname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                             0o600, dir_fd=sfd)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    os.fsync(f.fileno())
+            os.fsync(sfd)
+            os.rename(tmp, self.image_dir(dig), src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            try:
+                rmtree_at(self.fd, tmp)
+            except OSError:
+                pass       # the next pull or prune removes it (its lock is free then)
+            raise
+        finally:
+            os.close(sfd)
+
+    # -- refs -------------------------------------------------------------
+
+    def set_ref(self, name, dig):
+        digestmod.validate(dig)
+        if not isinstance(name, str) or not name or "\0" in name or len(name) > 4096:
+            raise ImageError(f"invalid image name {str(name)[:60]!r}", None)
+        data = json.dumps({"name": name, "digest": dig}).encode()
+        tmp = self._staging_name("ref")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
+                     dir_fd=self.fd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            os.rename(tmp, "refs/" + escape(name), src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def get_ref(self, name):
+        try:
+            rec = json.loads(self.read_file("refs/" + escape(name), 1 << 16))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(rec, dict) or rec.get("name") != name:
+            return None
+        try:
+            digestmod.validate(rec.get("digest"))
+        except ImageError:
+            return None
+        return rec["digest"]
+
+    def refs(self):
+        """[(name, digest)] of every ref."""
+        out = []
+        rfd = os.open("refs", _DIR, dir_fd=self.fd)
+        try:
+            names = os.listdir(rfd)
+        finally:
+            os.close(rfd)
+        for fname in sorted(names):
+            try:
+                rec = json.loads(self.read_file("refs/" + fname, 1 << 16))
+                name, dig = rec["name"], digestmod.validate(rec["digest"])
+            except (OSError, ValueError, KeyError, TypeError, ImageError):
+                continue
+            if escape(name) == fname:
+                out.append((name, dig))
+        return out
+
+    def remove_ref(self, name):
+        try:
+            os.unlink("refs/" + escape(name), dir_fd=self.fd)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def image_digests(self):
+        ifd = os.open("images", _DIR, dir_fd=self.fd)
+        try:
+            names = os.listdir(ifd)
+        finally:
+            os.close(ifd)
+        out = []
+        for n in sorted(names):
+            dig = "sha256:" + n
+            try:
+                digestmod.validate(dig)
+            except ImageError:
+                continue
+            if self.has_image(dig):
+                out.append(dig)
+        return out
+
+    def last_used(self, dig):
+        try:
+            return int(os.stat(self.image_dir(dig) + "/used", dir_fd=self.fd,
+                               follow_symlinks=False).st_mtime)
+        except OSError:
+            return None
+
+    # -- removal ----------------------------------------------------------
+
+    def remove_image(self, dig):
+        """Unpublish (rename into tmp/) then delete an image directory."""
+        tmp = self._staging_name("rm")
+        try:
+            os.rename(self.image_dir(dig), tmp, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except FileNotFoundError:
+            return False
+        rmtree_at(self.fd, tmp)
+        return True
+
+    def rmi(self, names_or_digests):
+        """Remove refs (by name or manifest digest) and the images no ref
+        names any more.  Returns the removed [(what, digest)]."""
+        gc = self.lock("gc")
+        try:
+            refs = self.refs()
+            removed = []
+            for item in names_or_digests:
+                targets = [(n, d) for n, d in refs if n == item or d == item
+                           or (len(item) >= 12 and d.partition(":")[2].startswith(item))]
+                if not targets and (item in self.image_digests()):
+                    targets = [(None, item)]
+                if not targets:
+                    raise ImageError(f"no image {item[:120]!r} in the store {self.root}",
+                                     None, "'gpusandbox images' lists them")
+                for n, d in targets:
+                    if n is not None:
+                        self.remove_ref(n)
+                    removed.append((n or d, d))
+            left = {d for _, d in self.refs()}
+            for _, d in removed:
+                if d not in left:
+                    self.remove_image(d)
+            return removed
+        finally:
+            os.close(gc)
+
+    def prune(self):
+        """Remove images no ref names, blobs no image needs, dead staging.
+        Returns (images removed, blobs removed, bytes freed)."""
+        gc = self.lock("gc")
+        try:
+            self.clean_staging()
+            named = {d for _, d in self.refs()}
+            n_img = 0
+            keep = set()
+            for d in self.image_digests():
+                if d not in named:
+                    self.remove_image(d)
+                    n_img += 1
+                    continue
+                rec = self.image_record(d) or {}
+                keep.add(d)
+                keep.add(rec.get("config"))
+                keep.update(rec.get("layers") or [])
+            n_blob, freed = 0, 0
+            for alg in ("sha256", "sha512"):
+                bfd = os.open(f"blobs/{alg}", _DIR, dir_fd=self.fd)
+                try:
+                    for hexpart in os.listdir(bfd):
+                        if f"{alg}:{hexpart}" in keep:
+                            continue
+                        try:
+                            st = os.stat(hexpart, dir_fd=bfd, follow_symlinks=False)
+                            os.unlink(hexpart, dir_fd=bfd)
+                        except OSError:
+                            continue
+                        n_blob += 1
+                        freed += st.st_size
+                finally:
+                    os.close(bfd)
+            lfd = os.open("locks", _DIR, dir_fd=self.fd)
+            try:
+                for name in os.listdir(lfd):
+                    if name.startswith(("blob-", "image-")):
+                        os.unlink(name, dir_fd=lfd)
+            finally:
+                os.close(lfd)
+            return n_img, n_blob, freed
+        finally:
+            os.close(gc)

@@ -1,0 +1,276 @@
+"""The store: publish, refs, rmi/prune, concurrent pulls fetching each blob
+once, and a pull killed mid-layer leaving no image.
+
+The layer applier is the unpack module's job (tested there); here a small
+test-only applier stands in for it through sys.modules, so the store logic
+is tested on its own."""
+import gzip
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import signal
+import stat
+import sys
+import tarfile
+import types
+
+import pytest
+
+from gpusandbox.image import archive, store as storemod
+from gpusandbox.image.digest import ImageError
+from tests.unit import image_fixtures as fx
+
+
+def _test_apply(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None):
+    data = fileobj.read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    root = f"/proc/self/fd/{rootfd}"
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        for m in tf:
+            gate = os.environ.get("GSBX_TEST_APPLY_GATE")
+            if gate and m.name == "gate":
+                os.write(int(gate), b"x")      # tell the test we are mid-layer
+                signal.pause()
+            if m.isdir():
+                os.makedirs(os.path.join(root, m.name), exist_ok=True)
+            elif m.isreg():
+                with open(os.path.join(root, m.name), "wb") as f:
+                    f.write(tf.extractfile(m).read())
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def applier(monkeypatch):
+    mod = types.ModuleType("gpusandbox.image.unpack")
+    mod.apply_layer = _test_apply
+    monkeypatch.setitem(sys.modules, "gpusandbox.image.unpack", mod)
+    import gpusandbox.image
+    monkeypatch.setattr(gpusandbox.image, "unpack", mod, raising=False)
+
+
+class Counting:
+    """A test-only Source wrapper: appends one line per blob() call."""
+
+    def __init__(self, src, log):
+        self.src, self.log = src, log
+        self.names = getattr(src, "names", [])
+
+    def manifest(self, platform):
+        return self.src.manifest(platform)
+
+    def blob(self, desc, out):
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, (desc["digest"] + "\n").encode())
+        os.close(fd)
+        self.src.blob(desc, out)
+
+    def close(self):
+        self.src.close()
+
+
+@pytest.fixture
+def layout(tmp_path):
+    man, blobs = fx.build_image([{"bin/": None, "bin/sh": b"sh"},
+                                 {"etc/": None, "etc/os-release": b"ID=test\n"}],
+                                Env=["A=1"], Cmd=["sh"], WorkingDir="/srv")
+    return fx.write_layout(str(tmp_path / "lay"), [("v1", man, blobs)]), man, blobs
+
+
+def test_pull_publishes_image_and_ref(tmp_path, layout):
+    lay, man, blobs = layout
+    st = storemod.Store(str(tmp_path / "s"))
+    rec = st.pull(archive.OciLayoutSource(lay, "v1"), [f"oci:{lay}:v1"])
+    dig = fx.sha(man)
+    assert rec["digest"] == dig and len(rec["layers"]) == 2
+    assert st.get_ref(f"oci:{lay}:v1") == dig
+    b = st.bundle(dig)
+    assert open(b + "/rootfs/etc/os-release").read() == "ID=test\n"
+    conf = json.load(open(b + "/config.json"))
+    assert conf["process"]["env"] == ["A=1"] and conf["process"]["cwd"] == "/srv"
+    for d in blobs:
+        assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
+    assert stat.S_IMODE(os.stat(st.root).st_mode) == 0o700
+    assert os.listdir(st.root + "/tmp") == []
+    # a second pull finds it complete and fetches nothing
+    log = str(tmp_path / "log")
+    st.pull(Counting(archive.OciLayoutSource(lay, "v1"), log), ["other:1"])
+    assert not os.path.exists(log)
+    assert sorted(n for n, _ in st.refs()) == sorted([f"oci:{lay}:v1", "other:1"])
+
+
+def test_shared_layers_fetched_once(tmp_path):
+    base = {"bin/": None, "bin/sh": b"sh"}
+    man1, b1 = fx.build_image([base, {"a": b"1"}])
+    man2, b2 = fx.build_image([base, {"b": b"2"}])
+    lay = fx.write_layout(str(tmp_path / "lay"), [("one", man1, b1), ("two", man2, b2)])
+    st = storemod.Store(str(tmp_path / "s"))
+    st.pull(archive.OciLayoutSource(lay, "one"), ["one"])
+    log = str(tmp_path / "log")
+    st.pull(Counting(archive.OciLayoutSource(lay, "two"), log), ["two"])
+    fetched = open(log).read().split()
+    shared = json.loads(man1)["layers"][0]["digest"]
+    assert shared not in fetched and len(fetched) == 2     # new layer + config
+
+
+def test_diff_id_mismatch_publishes_nothing(tmp_path):
+    man, blobs = fx.build_image([{"bin/sh": b"sh"}])
+    conf_d = json.loads(man)["config"]["digest"]
+    conf = json.loads(blobs[conf_d])
+    conf["rootfs"]["diff_ids"] = ["sha256:" + "0" * 64]
+    raw = json.dumps(conf).encode()
+    doc = json.loads(man)
+    doc["config"] = dict(doc["config"], digest=fx.sha(raw), size=len(raw))
+    man = json.dumps(doc).encode()
+    blobs = {fx.sha(raw): raw, doc["layers"][0]["digest"]: blobs[doc["layers"][0]["digest"]]}
+    lay = fx.write_layout(str(tmp_path / "lay"), [(None, man, blobs)])
+    st = storemod.Store(str(tmp_path / "s"))
+    with pytest.raises(ImageError, match="diff_id"):
+        st.pull(archive.OciLayoutSource(lay), ["x"])
+    assert st.image_digests() == [] and st.refs() == []
+    assert os.listdir(st.root + "/tmp") == [] and os.listdir(st.root + "/images") == []
+    assert os.listdir(st.root + "/blobs/sha256") == []   # the bad pull's blobs went too
+
+
+def test_foreign_arch_refused(tmp_path):
+    man, blobs = fx.build_image([{"bin/sh": b"sh"}], arch="s390x")
+    lay = fx.write_layout(str(tmp_path / "lay"), [(None, man, blobs)])
+    st = storemod.Store(str(tmp_path / "s"))
+    with pytest.raises(ImageError, match="the image is for linux/s390x"):
+        st.pull(archive.OciLayoutSource(lay), ["x"],
+                platform={"os": "linux", "architecture": "amd64"})
+    assert st.image_digests() == []
+
+
+def test_rmi_and_prune(tmp_path, layout):
+    lay, man, blobs = layout
+    st = storemod.Store(str(tmp_path / "s"))
+    st.pull(archive.OciLayoutSource(lay, "v1"), ["docker.io/library/a:1",
+                                                  "docker.io/library/b:1"])
+    dig = fx.sha(man)
+    # make a directory the image made read-only: removal still works
+    os.chmod(st.bundle(dig) + "/rootfs/etc", 0o555)
+    assert st.rmi(["docker.io/library/a:1"]) == [("docker.io/library/a:1", dig)]
+    assert st.has_image(dig)            # b:1 still names it
+    with pytest.raises(ImageError, match="no image"):
+        st.rmi(["nope:1"])
+    assert st.rmi([dig]) == [("docker.io/library/b:1", dig)]
+    assert not st.has_image(dig) and st.refs() == []
+    n_img, n_blob, _ = st.prune()
+    assert (n_img, n_blob) == (0, len(blobs))
+    assert os.listdir(st.root + "/blobs/sha256") == []
+
+
+def test_prune_keeps_named_removes_unnamed(tmp_path, layout):
+    lay, man, blobs = layout
+    st = storemod.Store(str(tmp_path / "s"))
+    st.pull(archive.OciLayoutSource(lay, "v1"), ["keep:1"])
+    man2, b2 = fx.build_image([{"x": b"x"}])
+    lay2 = fx.write_layout(str(tmp_path / "lay2"), [(None, man2, b2)])
+    st.pull(archive.OciLayoutSource(lay2), [])
+    assert len(st.image_digests()) == 2
+    assert st.prune()[:2] == (1, len(b2))
+    assert st.image_digests() == [fx.sha(man)]
+    assert sorted(os.listdir(st.root + "/blobs/sha256")) == sorted(d[7:] for d in blobs)
+
+
+def test_ref_names_escaped():
+    for name in ("../x", "a/b:1", ".", "..", "x\0y"[:1], "oci:/a/../b:t"):
+        e = storemod.escape(name)
+        assert "/" not in e and e not in (".", "..") and "\0" not in e
+    assert len(storemod.escape("a" * 1000)) < 100
+
+
+def _pull_child(root, lay, log):
+    st = storemod.Store(root)
+    st.pull(Counting(archive.OciLayoutSource(lay, "v1"), log), ["same:1"])
+    os._exit(0)
+
+
+def test_concurrent_pulls_fetch_each_blob_once(tmp_path, layout):
+    lay, man, blobs = layout
+    root, log = str(tmp_path / "s"), str(tmp_path / "log")
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_pull_child, args=(root, lay, log)) for _ in range(16)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 16
+    fetched = open(log).read().split()
+    # the manifest is stored from the bytes already read; every other blob once
+    assert sorted(fetched) == sorted(d for d in blobs if d != fx.sha(man))
+    st = storemod.Store(root)
+    assert st.image_digests() == [fx.sha(man)] and os.listdir(root + "/tmp") == []
+
+
+def _killed_child(root, lay, wfd):
+    os.environ["GSBX_TEST_APPLY_GATE"] = str(wfd)
+    storemod.Store(root).pull(archive.OciLayoutSource(lay, "v1"), ["k:1"])
+    os._exit(0)
+
+
+def test_pull_killed_mid_layer(tmp_path):
+    man, blobs = fx.build_image([{"bin/": None, "bin/sh": b"sh"},
+                                 {"a": b"1", "gate": b"", "b": b"2"}])
+    lay = fx.write_layout(str(tmp_path / "lay"), [("v1", man, blobs)])
+    root = str(tmp_path / "s")
+    r, w = os.pipe()
+    ctx = multiprocessing.get_context("fork")
+    p = ctx.Process(target=_killed_child, args=(root, lay, w))
+    p.start()
+    assert os.read(r, 1) == b"x"            # mid-layer, staging dir in place
+    st = storemod.Store(root)
+    assert len(os.listdir(root + "/tmp")) == 1
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    assert st.image_digests() == [] and st.get_ref("k:1") is None
+    rec = st.pull(archive.OciLayoutSource(lay, "v1"), ["k:1"])
+    assert rec["digest"] == fx.sha(man)
+    assert os.listdir(root + "/tmp") == []  # the dead pull's staging is gone
+    assert open(st.bundle(rec["digest"]) + "/rootfs/b").read() == "2"
+
+
+def test_store_owned_by_another_user_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a foreign-owned directory")
+    d = tmp_path / "s"
+    d.mkdir()
+    os.chown(d, 65534, 65534)
+    with pytest.raises(ImageError, match="belongs to uid 65534"):
+        storemod.Store(str(d))
+
+
+class Restarting:
+    """A test-only source that writes half a blob, then restarts it from the
+    start (seek(0) + truncate) as the registry client does after a cut."""
+
+    def __init__(self, src):
+        self.src = src
+
+    def manifest(self, platform):
+        return self.src.manifest(platform)
+
+    def blob(self, desc, out):
+        buf = io.BytesIO()
+        self.src.blob(desc, buf)
+        data = buf.getvalue()
+        out.write(data[:len(data) // 2])
+        out.seek(out.tell() * 0)
+        out.truncate()
+        out.write(data)
+        out.flush()
+
+    def close(self):
+        pass
+
+
+def test_blob_restarted_by_source(tmp_path, layout):
+    lay, man, blobs = layout
+    st = storemod.Store(str(tmp_path / "s"))
+    rec = st.pull(Restarting(archive.OciLayoutSource(lay, "v1")), ["r:1"])
+    assert rec["digest"] == fx.sha(man)
+    for d in blobs:
+        assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
