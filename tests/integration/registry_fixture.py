@@ -8,29 +8,24 @@ Import the fixtures into a test module:
     from .registry_fixture import registry, registry_auth, images  # noqa: F401
 """
 import base64
-import gzip
-import hashlib
 import http.server
-import io
 import json
 import os
-import re
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
-import tarfile
+import sys
 import threading
 import time
 import urllib.parse
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-REGISTRY_BIN = "/usr/bin/docker-registry"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+# The registry process and the layout writer: one implementation with the
+# benchmark and scripts/demo.
+from bench_lib.registry import REGISTRY_BIN, Layout, Registry  # noqa: E402,F401
 USER, PASSWORD = "gsbxuser", "s3cret-pw"
 
 
@@ -38,77 +33,6 @@ def _need(*tools):
     for t in tools:
         if not shutil.which(t) and not os.path.exists(t):
             pytest.skip(f"{t} is not installed (scripts/test installs it)")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# -- OCI layouts -------------------------------------------------------------
-
-def _tar(files):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for name, data in sorted(files.items()):
-            ti = tarfile.TarInfo(name)
-            ti.size, ti.mode, ti.mtime = len(data), 0o644, 0
-            t.addfile(ti, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def _sha(data):
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-class Layout:
-    """An OCI image layout being written (blobs, index.json)."""
-
-    def __init__(self, path):
-        self.path = Path(path)
-        (self.path / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-        (self.path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-        self.refs = []
-
-    def blob(self, data, media_type):
-        d = _sha(data)
-        (self.path / "blobs" / "sha256" / d[7:]).write_bytes(data)
-        return {"mediaType": media_type, "digest": d, "size": len(data)}
-
-    def layer(self, files, compression):
-        raw = _tar(files)
-        if compression == "gzip":
-            data, mt = gzip.compress(raw, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip"
-        elif compression == "zstd":
-            data = subprocess.run(["zstd", "-q", "-c"], input=raw, stdout=subprocess.PIPE,
-                                  check=True).stdout
-            mt = "application/vnd.oci.image.layer.v1.tar+zstd"
-        else:
-            data, mt = raw, "application/vnd.oci.image.layer.v1.tar"
-        return self.blob(data, mt), _sha(raw)
-
-    def image(self, layers, arch="amd64", variant=None, env=("PATH=/usr/bin:/bin",)):
-        descs, diff_ids = [], []
-        for files, comp in layers:
-            d, diff = self.layer(files, comp)
-            descs.append(d)
-            diff_ids.append(diff)
-        cfg = {"architecture": arch, "os": "linux",
-               "config": {"Env": list(env), "Cmd": ["/bin/sh"]},
-               "rootfs": {"type": "layers", "diff_ids": diff_ids}}
-        if variant:
-            cfg["variant"] = variant
-        config = self.blob(json.dumps(cfg).encode(), "application/vnd.oci.image.config.v1+json")
-        m = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-             "config": config, "layers": descs}
-        raw = json.dumps(m).encode()
-        return self.blob(raw, "application/vnd.oci.image.manifest.v1+json"), m, raw
-
-    def tag(self, desc, name):
-        self.refs.append(dict(desc, annotations={"org.opencontainers.image.ref.name": name}))
-        (self.path / "index.json").write_text(json.dumps(
-            {"schemaVersion": 2, "manifests": self.refs}))
 
 
 def build_images(top):
@@ -146,91 +70,6 @@ def build_images(top):
     info["multi"] = {"digest": idx["digest"], "amd64": amd["digest"], "arm64": arm["digest"],
                      "manifests": {"amd64": m_amd, "arm64": m_arm}}
     return lay.path, info
-
-
-# -- the registry process ----------------------------------------------------
-
-class Registry:
-    def __init__(self, top, htpasswd=None, token=None):
-        self.port = _free_port()
-        self.host = f"127.0.0.1:{self.port}"
-        self.top = top
-        cfg = [
-            "version: 0.1",
-            "log:",
-            "  level: error",
-            "storage:",
-            "  filesystem:",
-            f"    rootdirectory: {top / 'data'}",
-            "http:",
-            f"  addr: {self.host}",
-            f"  secret: {secrets.token_hex(16)}",
-        ]
-        if htpasswd:
-            cfg += ["auth:", "  htpasswd:", "    realm: gsbx-test", f"    path: {htpasswd}"]
-        if token:
-            cfg += ["auth:", "  token:", f"    realm: {token.realm}",
-                    f"    service: {token.SERVICE}", f"    issuer: {token.ISSUER}",
-                    f"    rootcertbundle: {token.cert}"]
-        (top / "config.yml").write_text("\n".join(cfg) + "\n")
-        self.log = open(top / "registry.log", "wb")
-        self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(top / "config.yml")],
-                                     stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2).close()
-                break
-            except urllib.error.HTTPError:
-                break           # 401: up, with auth
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("docker-registry did not start: " +
-                                       (top / "registry.log").read_text()[-2000:])
-                time.sleep(0.1)
-
-    def push(self, layout, tag, repo, creds=None, all_=False):
-        """Copies layout:tag to repo:tag; returns the manifest digest in the
-        registry (skopeo may recompress, so it can differ from the layout's)."""
-        dfile = self.top / f"digest-{secrets.token_hex(4)}"
-        argv = ["skopeo", "--insecure-policy", "copy", "-q", "--dest-tls-verify=false",
-                "--digestfile", str(dfile)]
-        if all_:
-            argv.append("--all")
-        if creds:
-            argv += ["--dest-creds", f"{creds[0]}:{creds[1]}"]
-        argv += [f"oci:{layout}:{tag}", f"docker://{self.host}/{repo}:{tag}"]
-        subprocess.run(argv, check=True, timeout=120, stdout=subprocess.DEVNULL,
-                       env=dict(os.environ, TMPDIR=str(self.top)))
-        return dfile.read_text().strip()
-
-    def blob_gets(self, since=0):
-        """{path: count} of the blob GETs in the access log after byte `since`
-        (log_size() before the action)."""
-        out = {}
-        with open(self.top / "registry.log", "rb") as f:
-            f.seek(since)
-            for line in f.read().decode(errors="replace").splitlines():
-                m = re.search(r'"GET (/v2/\S+/blobs/sha256:[0-9a-f]{64}) HTTP', line)
-                if m:
-                    out[m.group(1)] = out.get(m.group(1), 0) + 1
-        return out
-
-    def log_size(self):
-        self.log.flush()
-        return os.path.getsize(self.top / "registry.log")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture(scope="session")
