@@ -4,7 +4,7 @@ benchmark's images section, scripts/demo and the test fixtures
 (tests/integration/registry_fixture.py), so there is one implementation.
 
     python3 scripts/bench_lib/registry.py serve DIR   # start; prints PORT PID
-    python3 scripts/bench_lib/registry.py push DIR LAYOUT TAG REPO
+    python3 scripts/bench_lib/registry.py push DIR LAYOUT TAG REPO[:TAG]
     python3 scripts/bench_lib/registry.py stop DIR
 
 Needs only the standard library (the benchmark and the demo run it with the
@@ -164,8 +164,8 @@ class Registry:
                                        (top / "registry.log").read_text()[-2000:])
                 time.sleep(0.1)
 
-    def push(self, layout, tag, repo, creds=None, all_=False):
-        """Copies layout:tag to repo:tag; returns the manifest digest in the
+    def push(self, layout, tag, repo, creds=None, all_=False, dest_tag=None):
+        """Copies layout:tag to repo:tag (repo:dest_tag); returns the manifest digest in the
         registry (skopeo may recompress, so it can differ from the layout's)."""
         dfile = self.top / f"digest-{secrets.token_hex(4)}"
         argv = ["skopeo", "--insecure-policy", "copy", "-q", "--dest-tls-verify=false",
@@ -174,7 +174,7 @@ class Registry:
             argv.append("--all")
         if creds:
             argv += ["--dest-creds", f"{creds[0]}:{creds[1]}"]
-        argv += [f"oci:{layout}:{tag}", f"docker://{self.host}/{repo}:{tag}"]
+        argv += [f"oci:{layout}:{tag}", f"docker://{self.host}/{repo}:{dest_tag or tag}"]
         subprocess.run(argv, check=True, timeout=1800, stdout=subprocess.DEVNULL,
                        env=dict(os.environ, TMPDIR=str(self.top)))
         return dfile.read_text().strip()
@@ -233,11 +233,12 @@ def _cli(argv):
         print(reg.port, reg.pid)
         return 0
     if len(argv) == 5 and argv[0] == "push":
-        top, layout, tag, repo = argv[1:]
+        top, layout, tag, ref = argv[1:]
+        repo, _, dest_tag = ref.partition(":")
         reg = object.__new__(Registry)
         reg.top = Path(top)
         reg.host = f"127.0.0.1:{_port_of(reg.top)}"
-        print(reg.push(layout, tag, repo))
+        print(reg.push(layout, tag, repo, dest_tag=dest_tag or None))
         return 0
     if len(argv) == 2 and argv[0] == "stop":
         pidfile = Path(argv[1]) / "registry.pid"
