@@ -90,6 +90,7 @@ class ImageBench:
         regdir = os.path.join(self.top, "registry")
         os.mkdir(regdir)
         self.reg = Registry(regdir)
+        self.res["registry_pid"] = self.reg.pid
         t0 = time.perf_counter()
         lay = os.path.join(self.top, "layout")
         self.log(f"images: writing a {self.size / (1 << 20):.0f} MiB 5-layer image and a "
