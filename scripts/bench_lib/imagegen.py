@@ -156,3 +156,13 @@ def entries_image(path, entries, per_dir=1000):
     m, _, _ = lay.manifest([desc], [diff])
     lay.tag(m, "many")
     return {"layer_bytes": desc["size"]}
+
+
+def tree_image(path, rootfs, tag, cmd=("/bin/sh",)):
+    """Layout at `path` with `tag`: one gzip layer holding the tree `rootfs`."""
+    lay = Layout(path)
+    desc, diff = _write_layer(lay, lambda t: _tree(t, rootfs))
+    m, _, _ = lay.manifest([desc], [diff], env=("PATH=/usr/local/bin:/usr/bin:/bin",),
+                           cmd=cmd)
+    lay.tag(m, tag)
+    return m["digest"]

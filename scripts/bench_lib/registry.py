@@ -3,9 +3,10 @@
 benchmark's images section, scripts/demo and the test fixtures
 (tests/integration/registry_fixture.py), so there is one implementation.
 
-    python3 scripts/bench_lib/registry.py serve DIR   # start; prints PORT PID
-    python3 scripts/bench_lib/registry.py push DIR LAYOUT TAG REPO[:TAG]
-    python3 scripts/bench_lib/registry.py stop DIR
+    cd scripts && python3 -m bench_lib.registry serve DIR   # start; prints PORT PID
+    ... image LAYOUT ROOTFS TAG      # an OCI layout of one layer from a tree
+    ... push DIR LAYOUT TAG REPO[:TAG]
+    ... stop DIR
 
 Needs only the standard library (the benchmark and the demo run it with the
 system Python)."""
@@ -239,6 +240,10 @@ def _cli(argv):
         reg.top = Path(top)
         reg.host = f"127.0.0.1:{_port_of(reg.top)}"
         print(reg.push(layout, tag, repo, dest_tag=dest_tag or None))
+        return 0
+    if len(argv) == 4 and argv[0] == "image":
+        from .imagegen import tree_image
+        print(tree_image(*argv[1:]))
         return 0
     if len(argv) == 2 and argv[0] == "stop":
         pidfile = Path(argv[1]) / "registry.pid"
