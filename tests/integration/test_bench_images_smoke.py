@@ -72,6 +72,7 @@ def test_results_hold_every_part(bench):
     assert sec["new_layer_fetched"] and sec["shared_layers_fetched"] == 0, sec
     assert sec["blobs_fetched"] == 2 and sec["store_blobs_added"] == 3, sec
     assert sec["bytes_fetched"] >= sec["new_layer_bytes"]
+    assert 1 <= sec["layers_applied"] <= 5, sec
     cr = im["cached_run"]
     assert "error" not in cr, cr
     assert cr["n"] >= 10 and cr["image_median_ms"] > 0 and cr["dir_median_ms"] > 0
