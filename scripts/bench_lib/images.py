@@ -293,7 +293,7 @@ class ImageBench:
             "generate_ms": round(gen), "pull_ms": round(ms), "remove_ms": round(_ms(t0)),
             "max_rss_mb": round(kb / 1024, 1) if rc == 0 else None,
             "error": None if rc == 0 else _tail(err),
-            "max_rss_mb_even_failed": round(kb / 1024, 1)}
+            "pull_peak_rss_mb": round(kb / 1024, 1)}
 
     # --- targets and the table ------------------------------------------------
     def targets(self):
@@ -365,7 +365,7 @@ def print_section(r, write):
     en = r.get("entries_pull", {})
     if en:
         what = (f"peak RSS {en['max_rss_mb']} MB" if en.get("max_rss_mb") is not None
-                else f"failed ({en['error']}; peak RSS {en['max_rss_mb_even_failed']} MB)")
+                else f"failed ({en['error']}; peak RSS {en['pull_peak_rss_mb']} MB)")
         write(f"  pull of one layer with {en['entries']} entries: {what}, pull "
               f"{en['pull_ms'] / 1000:.1f} s (written in {en['generate_ms'] / 1000:.1f} s, "
               f"removed in {en['remove_ms'] / 1000:.1f} s)")
