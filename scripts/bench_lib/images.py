@@ -3,6 +3,7 @@ loopback registry against skopeo copy + umoci unpack and podman pull, the
 second image that shares 4 of 5 layers, run of a cached docker:// image
 against run of its tree, 32 concurrent cold runs, and the memory of a pull
 of a layer with many entries.  Runs as root; see docs/bench.md."""
+import argparse
 import glob
 import json
 import os
@@ -37,6 +38,10 @@ def _timed(argv, env, cwd="/"):
     _pid, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     return _ms(t0), p.returncode, err, ru.ru_maxrss
+
+
+def _human(n):
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
 
 
 def _med(xs):
@@ -93,7 +98,7 @@ class ImageBench:
         self.res["registry_pid"] = self.reg.pid
         t0 = time.perf_counter()
         lay = os.path.join(self.top, "layout")
-        self.log(f"images: writing a {self.size / (1 << 20):.0f} MiB 5-layer image and a "
+        self.log(f"images: writing a {_human(self.size)} 5-layer image and a "
                  "second one sharing 4 layers")
         self.info = imagegen.big_images(lay, self.rootfs, self.size)
         gen = _ms(t0)
@@ -324,7 +329,7 @@ class ImageBench:
 def print_section(r, write):
     write("")
     b = r.get("build", {})
-    write(f"images: a {r['image_bytes'] / (1 << 20):.0f} MiB 5-layer image "
+    write(f"images: a {_human(r['image_bytes'])} 5-layer image "
           f"({b.get('files')} files; written in {b.get('generate_ms', 0) / 1000:.1f} s, "
           f"pushed in {b.get('push_ms', 0) / 1000:.1f} s), loopback docker-registry, "
           f"cold store each time, {r['reps']} rounds interleaved")
@@ -377,3 +382,19 @@ def print_section(r, write):
         else:
             write(f"  {t['status']:<5} {t['target']}: {t['value']} {t['unit']}"
                   f" (limit {t['limit']} {t['unit']})")
+
+
+def parse_size(text):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().rstrip("IB")
+    try:
+        if t and t[-1] in mult:
+            return int(float(t[:-1]) * mult[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+
+
+def uptime():
+    with open("/proc/loadavg") as f:
+        return "load average " + ", ".join(f.read().split()[:3])

@@ -2,6 +2,7 @@
 import os
 import shutil
 import subprocess
+import tomllib
 
 # command -> Debian package that ships it
 PEERS = {"bwrap": "bubblewrap", "crun": "crun", "runc": "runc", "podman": "podman"}
@@ -68,3 +69,48 @@ def version(path):
         return None
     lines = (p.stdout or p.stderr).strip().splitlines()
     return lines[0] if lines else None
+
+
+def find_gpusandbox(opt, tmp, repo, log):
+    """The command to measure: --gpusandbox, else a regular (non-editable)
+    install of this checkout made for the run, as users install it; the
+    editable .venv is a last resort (its import hook costs ~7 ms a launch)."""
+    if opt:
+        return os.path.abspath(opt) if os.path.exists(opt) else None
+    venv = os.path.join(tmp, "venv")
+    ok = subprocess.run(["/usr/bin/python3", "-m", "venv", venv],
+                        capture_output=True).returncode == 0 and subprocess.run(
+        [os.path.join(venv, "bin", "pip"), "install", "-q", "--no-deps", repo],
+        capture_output=True, cwd="/").returncode == 0
+    if ok:
+        # The project's dependencies (the registry client's requests among
+        # them), read from pyproject.toml as the test suite's install does.
+        with open(os.path.join(repo, "pyproject.toml"), "rb") as f:
+            deps = tomllib.load(f)["project"]["dependencies"]
+        p = subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", *deps],
+                           capture_output=True, text=True, cwd="/")
+        if p.returncode:
+            log("could not install the dependencies (" +
+                (p.stderr.strip().splitlines() or ["pip failed"])[-1] +
+                "); image pulls will fail")
+        log(f"measuring a regular install of {repo} in {venv}")
+        return os.path.join(venv, "bin", "gpusandbox")
+    dev = os.path.join(repo, ".venv", "bin", "gpusandbox")
+    log("could not install a regular copy; measuring the editable .venv (slower start-up)")
+    return dev if os.path.exists(dev) else shutil.which("gpusandbox")
+
+
+def interpreter_of(script, path):
+    """The Python that runs the gpusandbox entry script (its #! line)."""
+    try:
+        with open(script, "rb") as f:
+            first = f.readline().decode(errors="replace")
+    except OSError:
+        return None
+    if first.startswith("#!"):
+        parts = first[2:].split()
+        if parts and os.path.basename(parts[0]) != "env":
+            return parts[0]
+        if len(parts) > 1:
+            return shutil.which(parts[1], path=path)
+    return None
