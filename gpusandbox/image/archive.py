@@ -105,16 +105,21 @@ class OciLayoutSource:
             raise
 
     def _open(self, name):
+        """A regular file of the layout, beneath its fd, no symlink followed;
+        looked at through O_PATH first, so a FIFO or a device node planted
+        there is never opened (no hang, no side effect of open as root)."""
         try:
-            pfd = k.openat2(self.fd, name, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK, 0,
-                            _BENEATH)
+            pfd = k.openat2(self.fd, name, os.O_PATH | os.O_CLOEXEC, 0, _BENEATH)
         except OSError as e:
             raise ImageError(f"OCI layout {self.path}: cannot open {name}",
                              e.strerror) from None
-        if not stat.S_ISREG(os.fstat(pfd).st_mode):
+        try:
+            if not stat.S_ISREG(os.fstat(pfd).st_mode):
+                raise ImageError(f"OCI layout {self.path}: {name} is not a regular file", None)
+            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        finally:
             os.close(pfd)
-            raise ImageError(f"OCI layout {self.path}: {name} is not a regular file", None)
-        return os.fdopen(pfd, "rb")
+        return os.fdopen(fd, "rb")
 
     def _read(self, name, limit):
         with self._open(name) as f:

@@ -9,7 +9,7 @@ from . import config as cfgmod
 from . import manifest as mf
 from . import ref as refmod
 from .digest import ImageError
-from ..errors import UsageError
+from ..errors import UsageError, printable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,7 +60,7 @@ def main_pull(argv):
         # `pull ubuntu:22.04` means the registry, as docker pull does.
         ref = refmod.ImageRef("docker", ref.host, ref.repo, ref.tag, ref.digest)
     platform = mf.parse_platform(a.platform) if a.platform else None
-    st = stores(a.store)[0]
+    st = stores(a.store).writable()
     src = open_source(ref, {"authfile": a.authfile, "tls_verify": a.tls_verify == "true",
                             "platform": platform})
     try:
@@ -91,16 +91,18 @@ def main_images(argv):
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     from .runimage import stores
-    rows = [r for st in stores(a.store) for r in _rows(st)]
+    rows = [r for st in stores(a.store) if st is not None for r in _rows(st)]
     if a.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return 0
-    sys.stdout.write(f"{'REFERENCE':<50} {'DIGEST':<19} {'SIZE':>10} {'LAST USED':<16}\n")
+    sys.stdout.write(f"{'REFERENCE':<50} {'DIGEST':<19} {'SIZE':>10} {'CREATED':<16} "
+                     f"{'LAST USED':<16}\n")
     for r in rows:
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["last_used"])) \
             if r["last_used"] else "-"
-        sys.stdout.write(f"{r['reference']:<50} {r['digest'][:19]:<19} "
-                         f"{r['size'] or 0:>10} {used:<16}\n")
+        created = (r["created"] or "-")[:16].replace("T", " ")
+        sys.stdout.write(f"{printable(r['reference']):<50} {r['digest'][:19]:<19} "
+                         f"{r['size'] or 0:>10} {printable(created):<16} {used:<16}\n")
     return 0
 
 
@@ -110,7 +112,7 @@ def main_rmi(argv):
     p.add_argument("refs", nargs="+", metavar="REF|DIGEST")
     a = p.parse_args(argv)
     from .runimage import stores
-    st = stores(a.store)[0]
+    st = stores(a.store).writable()
     items = []
     for r in a.refs:
         if r.startswith("sha256:") or (len(r) >= 12 and all(c in "0123456789abcdef"
@@ -129,7 +131,7 @@ def main_prune(argv):
                 "and what killed pulls left.")
     a = p.parse_args(argv)
     from .runimage import stores
-    n_img, n_blob, freed = stores(a.store)[0].prune()
+    n_img, n_blob, freed = stores(a.store).writable().prune()
     sys.stdout.write(f"removed {n_img} images, {n_blob} blobs, {freed} bytes\n")
     return 0
 
@@ -142,9 +144,6 @@ def main_inspect(argv):
     a = p.parse_args(argv)
     from .runimage import find, stores
     ref = refmod.parse(a.ref)
-    if ref.transport not in ("store", "docker"):
-        raise UsageError(f"inspect {a.ref}", "only images in the store are inspected",
-                         "pull it first")
     all_stores = stores(a.store)
     hit = find(ref, all_stores)
     if hit is None:
@@ -163,5 +162,7 @@ def main_inspect(argv):
         sys.stdout.write(json.dumps(out, indent=1) + "\n")
     else:
         for key, val in out.items():
-            sys.stdout.write(f"{key + ':':<12} {json.dumps(val) if isinstance(val, (list, dict)) else val}\n")
+            # Image strings may hold terminal escapes: JSON-escaped or printable() only.
+            shown = json.dumps(val) if isinstance(val, (list, dict)) else printable(val)
+            sys.stdout.write(f"{key + ':':<12} {shown}\n")
     return 0

@@ -5,8 +5,6 @@ in an archive: all image-controlled.  It is used as a file name in the
 store, so it must be exactly `sha256:` + 64 lowercase hex digits (or
 `sha512:` + 128) before anything else looks at it: `sha256:../x`, a wrong
 length or upper case are refused, never normalised."""
-import hashlib
-
 from ..errors import SandboxError
 
 ALGORITHMS = {"sha256": 64, "sha512": 128}
@@ -35,7 +33,10 @@ def validate(text, what="digest"):
 
 
 def hasher(text):
-    """A hashlib object for the algorithm of `text` (validated)."""
+    """A hashlib object for the algorithm of `text` (validated).  hashlib is
+    imported here, not above: `run` of a cached image validates digests but
+    hashes nothing, and _hashlib (OpenSSL) costs ~3 ms to load."""
+    import hashlib
     alg, _ = parse(text)
     return hashlib.new(alg)
 

@@ -111,7 +111,10 @@ def check_manifest(doc, what="manifest"):
     mt = doc.get("mediaType")
     if mt is not None and mt not in MANIFEST_TYPES:
         raise ImageError(f"{what}: unsupported media type {str(mt)[:80]!r}", None)
-    descriptor(doc.get("config"), f"{what} config", (OCI_CONFIG, DOCKER_CONFIG))
+    conf = descriptor(doc.get("config"), f"{what} config", (OCI_CONFIG, DOCKER_CONFIG))
+    if conf["size"] > MAX_DOC:
+        raise ImageError(f"{what}: the image config is too large",
+                         f"{conf['size']} bytes (at most {MAX_DOC})")
     layers = doc.get("layers")
     if not isinstance(layers, list) or len(layers) > MAX_LAYERS:
         raise ImageError(f"{what}: layers is not a list of at most {MAX_LAYERS}", None)

@@ -15,10 +15,22 @@ from .digest import ImageError
 from .store import Store, default_root
 
 
+class Stores(list):
+    """The own store (None until it exists: a lookup creates nothing), then
+    the read-only site store; .root is the own store's path."""
+
+    def writable(self):
+        """The own store, created (0700) when missing: only a pull does."""
+        if self[0] is None:
+            self[0] = Store(self.root)
+        return self[0]
+
+
 def stores(root=None, environ=None):
-    """The writable store, then the read-only site store (if set and present)."""
     env = os.environ if environ is None else environ
-    out = [Store(root or default_root(env))]
+    path = os.path.abspath(root or default_root(env))
+    out = Stores([Store(path) if os.path.isdir(path) else None])
+    out.root = path
     site = env.get("GPUSANDBOX_SITE_STORE")
     if site and os.path.isdir(site):
         out.append(Store(site, readonly=True))
@@ -29,6 +41,8 @@ def find(ref, all_stores):
     """(store, manifest digest) of a store or registry reference, or None."""
     name = ref.canonical()
     for st in all_stores:
+        if st is None:
+            continue
         dig = st.get_ref(name)
         if dig is None and ref.digest and st.has_image(ref.digest):
             dig = ref.digest
@@ -46,18 +60,19 @@ def obtain(ref, all_stores, platform=None, opts=None, progress=None):
         if ref.transport == "store":
             raise ImageError(f"image not found: {ref.canonical()}",
                              "no such directory, and no image of that name in the store "
-                             f"{all_stores[0].root}",
+                             f"{all_stores.root}",
                              f"pull it first: gpusandbox pull docker://{ref.canonical()}")
     from .sources import names_for, open_source
     o = dict(opts or {})
     o["platform"] = platform
     src = open_source(ref, o)
     try:
-        rec = all_stores[0].pull(src, names_for(ref), platform=platform,
-                                 asked=platform is not None, progress=progress)
+        st = all_stores.writable()
+        rec = st.pull(src, names_for(ref), platform=platform,
+                      asked=platform is not None, progress=progress)
     finally:
         src.close()
-    return all_stores[0], rec["digest"]
+    return st, rec["digest"]
 
 
 def prepare(spec):
@@ -67,13 +82,19 @@ def prepare(spec):
         raise ImageError("--rw cannot be used with a store image",
                          "store images are shared and never written",
                          "drop --rw: writes go to a private overlay discarded at exit")
-    ref = refmod.parse(spec.image)
+    if refmod.looks_like_transport(spec.image):
+        ref = refmod.parse(spec.image)
+    else:
+        ref = _store_name(spec.image)
     platform = mf.parse_platform(spec.platform) if spec.platform else None
     from .progress import Progress
     # A pull on a miss shows progress on a terminal, and as plain lines for a
     # registry (minutes, in a batch log); a local import stays quiet.
     mode = "tty" if sys.stderr.isatty() else "plain" if ref.transport == "docker" else "none"
     st, dig = obtain(ref, stores(spec.store), platform, progress=Progress(mode))
+    # Held, never closed: rmi and prune leave the image alone while the
+    # launcher (and the sandbox it waits for) lives.
+    st.hold(dig)
     rec = st.image_record(dig)
     if not rec:
         raise ImageError(f"image {dig} in {st.root} has no readable record", None,
@@ -86,9 +107,26 @@ def prepare(spec):
         raise ImageError(f"no command to run in {ref.canonical()}",
                          "the image has no Entrypoint or Cmd",
                          "give one: gpusandbox run IMAGE CMD [ARG...]")
-    if conf.user and spec.user is None and not spec.fakeroot:
+    if conf.user and spec.user is None and not spec.fakeroot and \
+            conf.user not in ("0", "root", "0:0", "root:root"):
         _user(spec, conf, st.bundle(dig) + "/rootfs")
     st.touch(dig)
+
+
+def _store_name(text):
+    """A NAME[:TAG] for the store, or the directory error `run DIR` gives:
+    the argument may be a mistyped path as well as a name."""
+    from ..errors import UsageError
+    if os.path.exists(text):
+        raise UsageError(f"image is not a directory: {text}", None,
+                         "for an archive say which kind: docker-archive:FILE or "
+                         "oci-archive:FILE; a .sqsh file is not supported yet")
+    try:
+        return refmod.parse(text)
+    except ImageError:
+        raise UsageError(f"image directory not found: {text}", None,
+                         "pass a root filesystem directory, or an image reference such as "
+                         "docker://ubuntu:22.04 or oci:DIR") from None
 
 
 def _user(spec, conf, rootfs):

@@ -11,7 +11,12 @@ def open_source(ref, opts=None):
     tls_verify, platform (for the registry)."""
     opts = opts or {}
     if ref.transport == "docker":
-        from .registry import RegistrySource
+        try:
+            from .registry import RegistrySource
+        except ImportError as e:
+            raise ImageError(f"cannot pull {ref.canonical()}",
+                             f"the registry client is not available ({e})",
+                             "reinstall gpusandbox with its dependencies") from None
         return RegistrySource(ref, authfile=opts.get("authfile"),
                               tls_verify=opts.get("tls_verify", True),
                               platform=opts.get("platform"))

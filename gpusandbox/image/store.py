@@ -23,15 +23,10 @@ staging directory are 0700, so a setuid file in an image is reachable by
 nobody else on the host."""
 import errno
 import fcntl
-import hashlib
 import json
 import os
-import secrets
-import socket
 import stat
-import time
 
-from . import config as cfgmod
 from . import digest as digestmod
 from . import manifest as mf
 from .digest import ImageError
@@ -58,6 +53,7 @@ def escape(name):
     out = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else
                   "".join(f"%{b:02X}" for b in c.encode()) for c in name)
     if len(out) > MAX_REF_FILE:
+        import hashlib
         out = "h-" + hashlib.sha256(name.encode()).hexdigest()
     return out
 
@@ -118,47 +114,6 @@ def _mkdir_p(path, mode=0o700):
                          "set GPUSANDBOX_STORE or --store to a writable directory") from None
 
 
-def rmtree_at(dirfd, name):
-    """Remove `name` under `dirfd` and everything below it, never following
-    a symlink; directories an image made read-only are chmod'ed first."""
-    stack = []
-    try:
-        os.unlink(name, dir_fd=dirfd)
-        return
-    except FileNotFoundError:
-        return
-    except (IsADirectoryError, PermissionError):
-        pass
-    except OSError as e:
-        if e.errno != errno.EISDIR:
-            raise
-    fd = os.open(name, _DIR, dir_fd=dirfd)
-    stack.append((dirfd, name, fd))
-    while stack:
-        pfd, pname, fd = stack[-1]
-        try:
-            os.fchmod(fd, 0o700)
-        except OSError:
-            pass
-        descended = False
-        for entry in os.listdir(fd):
-            try:
-                os.unlink(entry, dir_fd=fd)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno not in (errno.EISDIR, errno.EPERM):
-                    raise
-                stack.append((fd, entry, os.open(entry, _DIR, dir_fd=fd)))
-                descended = True
-                break
-        if descended:
-            continue
-        stack.pop()
-        os.close(fd)
-        os.rmdir(pname, dir_fd=pfd)
-
-
 class Store:
     def __init__(self, root, readonly=False):
         self.root = os.path.abspath(root)
@@ -177,21 +132,44 @@ class Store:
                 raise ImageError(f"the image store {self.root} belongs to uid {st.st_uid}",
                                  "a store is written only by its owner",
                                  "use your own with --store DIR or GPUSANDBOX_STORE")
-            if stat.S_IMODE(st.st_mode) & 0o077:
-                os.fchmod(self.fd, 0o700)
+            # A store its owner opened to others (a site store being
+            # filled) publishes readable entries; else everything is private.
+            self.shared = bool(stat.S_IMODE(st.st_mode) & 0o055)
+            if self.shared:
+                self._check_nosuid()
             for d in SUBDIRS:
                 try:
-                    os.mkdir(d, 0o700, dir_fd=self.fd)
+                    os.mkdir(d, 0o755 if self.shared and d not in ("tmp", "locks") else 0o700,
+                             dir_fd=self.fd)
                 except FileExistsError:
                     pass
+        else:
+            self.shared = True
+            if os.fstat(self.fd).st_uid != os.geteuid():
+                self._check_nosuid()
         self.host = "".join(c if c.isalnum() or c in ".-" else "-"
-                            for c in socket.gethostname()[:64])
+                            for c in os.uname().nodename[:64])
         self._own = None
         self._n = 0
         self._fetched = []
 
     def close(self):
         os.close(self.fd)
+
+    def _check_nosuid(self):
+        """A store other users read must be on a nosuid filesystem: its
+        images keep their setuid files (as built), which would otherwise be
+        executable with their owner's rights by every host user."""
+        if not os.statvfs(self.root).f_flag & os.ST_NOSUID:
+            os.close(self.fd)
+            raise ImageError(f"the image store {self.root} is shared with other users but its "
+                             "filesystem is not mounted nosuid",
+                             "setuid files in its images would be usable on the host",
+                             "mount it nosuid, or keep the store private (chmod 700)")
+
+    def _publish_mode(self, fd, is_dir):
+        if self.shared:
+            os.fchmod(fd, 0o755 if is_dir else 0o644)
 
     # -- locks and staging ------------------------------------------------
 
@@ -207,12 +185,23 @@ class Store:
         and its writer is alive exactly while that lock is held (process
         death releases it, on any node of a shared store)."""
         if self._own is None or self._own[0] != os.getpid():
-            token = f"{os.getpid()}-{secrets.token_hex(4)}-{self.host}"
+            token = f"{os.getpid()}-{os.urandom(4).hex()}-{self.host}"
             fd = os.open(f"locks/owner-{token}", os.O_RDWR | os.O_CREAT | os.O_EXCL
                          | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=self.fd)
             fcntl.flock(fd, fcntl.LOCK_EX)
             self._own = (os.getpid(), token, fd)
         return self._own[1]
+
+    def release_owner(self):
+        """Drop this process's owner file once none of its staging entries
+        remains (each was renamed into place or removed)."""
+        if self._own is not None and self._own[0] == os.getpid():
+            try:
+                os.unlink(f"locks/owner-{self._own[1]}", dir_fd=self.fd)
+            except OSError:
+                pass
+            os.close(self._own[2])
+            self._own = None
 
     def _staging_name(self, kind):
         self._n += 1
@@ -244,6 +233,7 @@ class Store:
                 kind, _, rest = name.partition("_")
                 token = rest.rpartition("_")[0]
                 if not token or not self._owner_alive(token, dead):
+                    from .storegc import rmtree_at
                     rmtree_at(tfd, name)
         finally:
             os.close(tfd)
@@ -291,6 +281,7 @@ class Store:
                     w = _Writer(f, desc, progress)
                     source.blob(desc, w)
                     w.v.check()
+                    self._publish_mode(f.fileno(), False)
                     f.flush()
                     os.fsync(f.fileno())
                 os.rename(tmp, path, src_dir_fd=self.fd, dst_dir_fd=self.fd)
@@ -358,134 +349,44 @@ class Store:
         except OSError:
             pass
 
+    def hold(self, dig):
+        """A shared flock on images/<hex>/used, held (never closed) for the
+        life of the launching process and its sandbox: rmi and prune see the
+        image in use.  Never waits: a reader does not queue behind a writer."""
+        if self.readonly:
+            return None
+        try:
+            fd = os.open(self.image_dir(dig) + "/used", os.O_RDONLY | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, dir_fd=self.fd)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ImageError(f"image {dig[:19]} is being removed (gpusandbox rmi or prune)",
+                             None, "pull it again") from None
+        return fd
+
+    def try_exclusive(self, dig):
+        """The image's `used` file locked exclusively, or None when a sandbox
+        holds it (in use); -1 when there is no such file."""
+        try:
+            fd = os.open(self.image_dir(dig) + "/used", os.O_RDONLY | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, dir_fd=self.fd)
+        except FileNotFoundError:
+            return -1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
     def pull(self, source, names=None, platform=None, asked=False, progress=None):
-        """Fetch and unpack the image `source` offers for `platform` and name
-        it: `names` is a list of refs or a function of the source giving one
-        (a docker-archive's names are known after its manifest is read); the
-        refs are written under the gc lock, so no prune sees the image
-        unnamed.  Returns its image record."""
-        want = platform or mf.host_platform()
-        gc = self.lock("gc", shared=True)
-        self._fetched = []
-        try:
-            self.clean_staging()
-            dig, man, raw = source.manifest(want)
-            h = digestmod.hasher(dig)
-            h.update(raw)
-            if f"{dig.partition(':')[0]}:{h.hexdigest()}" != dig:
-                raise ImageError(f"manifest {dig} does not match its digest", None)
-            mf.check_manifest(man)
-            if not self.has_image(dig):
-                self._build(source, dig, man, raw, want, asked, progress)
-            for name in (names(source) if callable(names) else names or ()):
-                self.set_ref(name, dig)
-            self.touch(dig)
-            return self.image_record(dig)
-        except BaseException:
-            self._forget(gc)
-            gc = None
-            raise
-        finally:
-            if gc is not None:
-                os.close(gc)
-
-    def _forget(self, gc):
-        """After a failed pull: remove the blobs it fetched that no image
-        needs, so bad input leaves nothing behind.  Only when no other pull
-        runs (gc taken exclusively without waiting); else prune does it."""
-        try:
-            fcntl.flock(gc, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(gc)
-            return
-        try:
-            needed = set()
-            for d in self.image_digests():
-                rec = self.image_record(d) or {}
-                needed.update([d, rec.get("config")] + list(rec.get("layers") or []))
-            for d in self._fetched:
-                if d not in needed:
-                    try:
-                        os.unlink(self.blob_path(d), dir_fd=self.fd)
-                    except OSError:
-                        pass
-        finally:
-            os.close(gc)
-
-    def _build(self, source, dig, man, raw, want, asked, progress):
-        self.put_bytes(dig, raw)
-        self.ensure_blob(source, man["config"])
-        conf = cfgmod.parse(self.read_blob(man["config"]["digest"]))
-        cfgmod.check_platform(conf, want, asked)
-        layers = man["layers"]
-        if len(conf.diff_ids) != len(layers):
-            raise ImageError(f"image {dig}: {len(layers)} layers but "
-                             f"{len(conf.diff_ids)} diff_ids in its config", None)
-        if progress:
-            progress("start", {"layers": len(layers),
-                               "total": sum(d["size"] for d in layers
-                                            if not self.has_blob(d))})
-        for d in layers:
-            if self.has_blob(d) and progress:
-                progress("cached", d)
-            self.ensure_blob(source, d, progress)
-        lk = self.lock("image-" + dig.partition(":")[2])
-        try:
-            if self.has_image(dig):
-                return
-            self._unpack(dig, man, conf, progress)
-        finally:
-            os.close(lk)
-
-    def _unpack(self, dig, man, conf, progress):
-        from . import unpack
-        tmp = self._staging_name("image")
-        os.mkdir(tmp, 0o700, dir_fd=self.fd)
-        sfd = os.open(tmp, _DIR, dir_fd=self.fd)
-        try:
-            os.mkdir("rootfs", 0o755, dir_fd=sfd)
-            rootfd = os.open("rootfs", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, dir_fd=sfd)
-            warned = set()
-
-            def warn(line):
-                if line not in warned and progress:
-                    warned.add(line)
-                    progress("warn", line)
-            try:
-                for i, d in enumerate(man["layers"]):
-                    with self.open_blob(d["digest"]) as f:
-                        diff_id = unpack.apply_layer(rootfd, f, media_type=d["mediaType"],
-                                                     rootless=os.geteuid() != 0, warn=warn)
-                    if diff_id != conf.diff_ids[i]:
-                        raise ImageError(f"layer {d['digest']} does not match the image "
-                                         f"config's diff_id", f"got {diff_id}, config says "
-                                         f"{conf.diff_ids[i]}")
-                    if progress:
-                        progress("layer", d)
-            finally:
-                os.close(rootfd)
-            size = sum(d["size"] for d in man["layers"])
-            rec = {"digest": dig, "config": man["config"]["digest"], "size": size,
-                   "created": conf.created, "platform": mf.format_platform(conf.platform()),
-                   "layers": [d["digest"] for d in man["layers"]], "pulled": int(time.time())}
-            for fname, data in (("image.json", json.dumps(rec).encode()), ("used", b""),
-                                ("config.json", bundle_config(conf))):
-                fd = os.open(fname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                             0o600, dir_fd=sfd)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    os.fsync(f.fileno())
-            os.fsync(sfd)
-            os.rename(tmp, self.image_dir(dig), src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        except BaseException:
-            try:
-                rmtree_at(self.fd, tmp)
-            except OSError:
-                pass       # the next pull or prune removes it (its lock is free then)
-            raise
-        finally:
-            os.close(sfd)
+        """Fetch and unpack the image `source` offers (see pull.py)."""
+        from .pull import pull
+        return pull(self, source, names, platform, asked, progress)
 
     # -- refs -------------------------------------------------------------
 
@@ -499,6 +400,7 @@ class Store:
                      dir_fd=self.fd)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            self._publish_mode(fd, False)
             f.flush()
             os.fsync(f.fileno())
             os.rename(tmp, "refs/" + escape(name), src_dir_fd=self.fd, dst_dir_fd=self.fd)
@@ -567,86 +469,16 @@ class Store:
         except OSError:
             return None
 
-    # -- removal ----------------------------------------------------------
+    # -- removal (storegc.py) ----------------------------------------------
 
     def remove_image(self, dig):
-        """Unpublish (rename into tmp/) then delete an image directory."""
-        tmp = self._staging_name("rm")
-        try:
-            os.rename(self.image_dir(dig), tmp, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        except FileNotFoundError:
-            return False
-        rmtree_at(self.fd, tmp)
-        return True
+        from .storegc import remove_image
+        return remove_image(self, dig)
 
     def rmi(self, names_or_digests):
-        """Remove refs (by name or manifest digest) and the images no ref
-        names any more.  Returns the removed [(what, digest)]."""
-        gc = self.lock("gc")
-        try:
-            refs = self.refs()
-            removed = []
-            for item in names_or_digests:
-                targets = [(n, d) for n, d in refs if n == item or d == item
-                           or (len(item) >= 12 and d.partition(":")[2].startswith(item))]
-                if not targets and (item in self.image_digests()):
-                    targets = [(None, item)]
-                if not targets:
-                    raise ImageError(f"no image {item[:120]!r} in the store {self.root}",
-                                     None, "'gpusandbox images' lists them")
-                for n, d in targets:
-                    if n is not None:
-                        self.remove_ref(n)
-                    removed.append((n or d, d))
-            left = {d for _, d in self.refs()}
-            for _, d in removed:
-                if d not in left:
-                    self.remove_image(d)
-            return removed
-        finally:
-            os.close(gc)
+        from .storegc import rmi
+        return rmi(self, names_or_digests)
 
     def prune(self):
-        """Remove images no ref names, blobs no image needs, dead staging.
-        Returns (images removed, blobs removed, bytes freed)."""
-        gc = self.lock("gc")
-        try:
-            self.clean_staging()
-            named = {d for _, d in self.refs()}
-            n_img = 0
-            keep = set()
-            for d in self.image_digests():
-                if d not in named:
-                    self.remove_image(d)
-                    n_img += 1
-                    continue
-                rec = self.image_record(d) or {}
-                keep.add(d)
-                keep.add(rec.get("config"))
-                keep.update(rec.get("layers") or [])
-            n_blob, freed = 0, 0
-            for alg in ("sha256", "sha512"):
-                bfd = os.open(f"blobs/{alg}", _DIR, dir_fd=self.fd)
-                try:
-                    for hexpart in os.listdir(bfd):
-                        if f"{alg}:{hexpart}" in keep:
-                            continue
-                        try:
-                            st = os.stat(hexpart, dir_fd=bfd, follow_symlinks=False)
-                            os.unlink(hexpart, dir_fd=bfd)
-                        except OSError:
-                            continue
-                        n_blob += 1
-                        freed += st.st_size
-                finally:
-                    os.close(bfd)
-            lfd = os.open("locks", _DIR, dir_fd=self.fd)
-            try:
-                for name in os.listdir(lfd):
-                    if name.startswith(("blob-", "image-")):
-                        os.unlink(name, dir_fd=lfd)
-            finally:
-                os.close(lfd)
-            return n_img, n_blob, freed
-        finally:
-            os.close(gc)
+        from .storegc import prune
+        return prune(self)

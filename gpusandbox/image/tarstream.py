@@ -17,6 +17,7 @@ import hashlib
 import re
 import zlib
 
+from ..errors import printable
 from .digest import ImageError
 
 BLOCK = 512
@@ -59,6 +60,10 @@ class Limits:
 
 def _bad(why, hint=None):
     return ImageError("invalid layer", why, hint)
+
+
+def _shown(name):
+    return printable(name[:200].decode("utf-8", "backslashreplace"))
 
 
 class _Input:
@@ -230,7 +235,13 @@ class TarReader:
     def __init__(self, fileobj, limits):
         self.lim = limits
         self.src = _Input(fileobj)
-        self.kind = sniff(self.src.peek(4))
+        head = self.src.peek(10)
+        self.kind = sniff(head[:4])
+        # (A tar's first bytes are a member name: only full magics count.)
+        if head[:6] == b"\xfd7zXZ\0" or (head[:3] == b"BZh" and head[4:10] == b"1AY&SY"):
+            raise ImageError("unsupported layer compression",
+                             f"{'bzip2' if head[:1] == b'B' else 'xz'} (OCI layers are "
+                             "gzip, zstd or uncompressed tar)")
         self.dec = {"gzip": _Gzip, "zstd": _Zstd}.get(self.kind, lambda s: s)(self.src)
         self.h = hashlib.sha256()
         self.total = 0
@@ -376,7 +387,7 @@ class TarReader:
                 raise _bad(f"a member {what} of {len(v)} bytes exceeds the limit of "
                            f"{lim.max_path}")
         if any(k.startswith(b"GNU.sparse.") for k in pax) or e.type == b"S":
-            raise _bad(f"sparse file {e.name[:200]!r} (GNU sparse members are not "
+            raise _bad(f"sparse file {_shown(e.name)} (GNU sparse members are not "
                        "supported in image layers)")
         e.mode = _num(hdr[100:108], "mode") & 0o7777
         e.uid = _num(hdr[108:116], "uid")
@@ -394,11 +405,11 @@ class TarReader:
         if b"mtime" in pax:
             e.mtime_ns = _pax_time(pax[b"mtime"])
         if e.uid > 2**32 - 2 or e.gid > 2**32 - 2:
-            raise _bad(f"member {e.name[:200]!r}: uid/gid out of range")
+            raise _bad(f"member {_shown(e.name)}: uid/gid out of range")
         if e.size > lim.max_bytes:
-            raise _bad(f"member {e.name[:200]!r}: size {e.size} exceeds the layer limit")
+            raise _bad(f"member {_shown(e.name)}: size {e.size} exceeds the layer limit")
         if e.type in b"07\0" and e.size > lim.max_file:
-            raise _bad(f"member {e.name[:200]!r}: size {e.size} exceeds the file limit "
+            raise _bad(f"member {_shown(e.name)}: size {e.size} exceeds the file limit "
                        f"of {lim.max_file} bytes")
         if e.mtime_ns > 2**62:
             e.mtime_ns = 2**62

@@ -75,14 +75,18 @@ def apply_layer(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None
     if media_type is not None and media_type not in MEDIA_TYPES:
         raise ImageError(f"unsupported layer media type {printable(media_type)[:200]}",
                          hint="encrypted and foreign layer formats are not supported")
-    reader = TarReader(fileobj, limits or Limits())
-    app = _Applier(rootfd, rootless, reader.lim)
     try:
-        for e in reader.entries():
-            app.entry(e, reader)
-        app.finish()
-    finally:
-        app.close()
+        reader = TarReader(fileobj, limits or Limits())
+        app = _Applier(rootfd, rootless, reader.lim)
+        try:
+            for e in reader.entries():
+                app.entry(e, reader)
+            app.finish()
+        finally:
+            app.close()
+    except OSError as err:  # reading the blob (member operations are wrapped per member)
+        raise ImageError("cannot read layer", os.strerror(err.errno) if err.errno
+                         else str(err)) from None
     if app.skipped and warn:
         warn(f"skipped {app.skipped} device node{'s' if app.skipped > 1 else ''} of the "
              "layer (the sandbox provides its own /dev)")
@@ -111,7 +115,8 @@ class _Applier:
         self.dirtime_bytes = 0
         self.count = 0
         self.skipped = 0
-        self._pc = None  # (path, fd) of the last parent directory
+        self._pc = None  # (path, fd, rmdirs) of the last parent directory
+        self.rmdirs = 0
 
     def close(self):
         if self._pc:
@@ -131,6 +136,9 @@ class _Applier:
                 raise ImageError("invalid layer", f"{what} {_show(raw)}: a component "
                                  "longer than 255 bytes")
             comps.append(c)
+        if any(c.startswith(_WH) for c in comps[:-1]):
+            raise ImageError("invalid layer", f"{what} {_show(raw)}: a whiteout name used "
+                             "as a directory")
         if len(comps) > self.lim.max_depth:
             raise ImageError("invalid layer", f"{what} {_show(raw)}: deeper than "
                              f"{self.lim.max_depth} components")
@@ -146,6 +154,8 @@ class _Applier:
     def _open_dir(self, comps, create):
         """O_PATH fd of the directory comps (never through a symlink); None
         when it is missing and create is False."""
+        if not comps:
+            return os.dup(self.root)
         path = b"/".join(comps)
         try:
             return k.openat2(self.root, path, k.O_PATH | os.O_DIRECTORY, 0, _RES)
@@ -185,11 +195,13 @@ class _Applier:
         path = b"/".join(comps)
         if not comps:
             return self.root
-        if self._pc and self._pc[0] == path:
+        # Reused only while no directory was removed since: a member may have
+        # removed the cached one (replaced it by a file, whited it out).
+        if self._pc and self._pc[0] == path and self._pc[2] == self.rmdirs:
             return self._pc[1]
         fd = self._open_dir(comps, True)
         self.close()
-        self._pc = (path, fd)
+        self._pc = (path, fd, self.rmdirs)
         return fd
 
     def _clear(self, pfd, leaf, keep_dir=False):
@@ -204,6 +216,7 @@ class _Applier:
                 return True
             # The fd-based rmtree: opens each level O_NOFOLLOW-equivalent and
             # checks it is the directory it lstat'ed, never following a link.
+            self.rmdirs += 1
             shutil.rmtree(leaf, dir_fd=pfd)
         else:
             os.unlink(leaf, dir_fd=pfd)

@@ -49,13 +49,7 @@ def _ensure_cli():
         if not (VENV / "bin" / "python").exists():
             subprocess.run(["/usr/bin/python3", "-m", "venv", str(VENV)], check=True)
             subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "pyroute2", "attrs",
-                            "python-prctl", "zstandard", "requests", "setuptools>=61", "wheel"],
-                           check=True)
-        # Venvs made before zstandard or requests became a dependency get them here.
-        for mod in ("zstandard", "requests"):
-            if subprocess.run([str(VENV / "bin" / "python"), "-c", f"import {mod}"],
-                              capture_output=True).returncode:
-                subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", mod], check=True)
+                            "python-prctl", "setuptools>=61", "wheel"], check=True)
         stamp = BASE / "stamp"
         want = _src_hash()
         if not stamp.exists() or stamp.read_text() != want:

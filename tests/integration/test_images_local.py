@@ -63,11 +63,9 @@ def fx_repo():
 
 @pytest.fixture
 def store(runner, shared_tmp):
-    s = shared_tmp / "store"
-    s.mkdir()
-    os.chown(s, runner.uid, runner.gid)
+    """Where the runner's store will be: gpusandbox creates it (0700)."""
     os.chown(shared_tmp, runner.uid, runner.gid)
-    return s
+    return shared_tmp / "store"
 
 
 def gsbx(runner, store, args, timeout=120):
@@ -237,14 +235,36 @@ def test_workdir_through_proc_contained(runner, store, image_files, shared_tmp):
     assert str(store) not in r.stdout
 
 
-def test_site_store_searched_after_own(runner, store, image_files, shared_tmp):
+@pytest.fixture
+def nosuid_dir(shared_tmp):
+    d = shared_tmp / "nosuid"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "nosuid,nodev,mode=0755,size=256m",
+                    "gsbx-test-site", str(d)], check=True)
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_shared_store_needs_nosuid(runner, image_files, shared_tmp):
+    """A store opened to other users (a site store) must be on a nosuid
+    filesystem: its images keep their setuid files."""
     site = shared_tmp / "site"
+    site.mkdir(mode=0o755)
+    os.chown(site, runner.uid, runner.gid)
+    r = gsbx(runner, site, ["pull", "-q", f"oci:{image_files['layout']}:v1"])
+    assert r.returncode == 125
+    assert r.stderr.startswith(f"gpusandbox: error: the image store {site} is shared with "
+                               "other users but its filesystem is not mounted nosuid"), r.stderr
+    assert os.listdir(site) == []
+
+
+def test_site_store_searched_after_own(runner, store, image_files, nosuid_dir):
+    site = nosuid_dir / "site"
+    site.mkdir(mode=0o755)
     r = subprocess.run([runner.cli, "pull", "-q", "--store", str(site),
                         f"docker-archive:{image_files['docker']}"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    os.chmod(site, 0o755)
-    subprocess.run(["chmod", "-R", "a+rX", str(site)], check=True)
     cmd = [runner.cli, "run", "gsbx/test:1", "echo site"]
     if runner.mode == "rootless":
         cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
@@ -293,3 +313,139 @@ def test_concurrent_runs_on_a_cold_store(runner, store, image_files):
     assert all(o == "hello from the image\n" for o, _ in outs)
     assert os.listdir(store / "images") == [image_files["digest"][7:]]
     assert os.listdir(store / "tmp") == []
+
+
+def test_foreign_site_store_needs_nosuid(runner, store, image_files, shared_tmp):
+    """Another user's site store on a filesystem that honours setuid is
+    refused by `run` (the caller would be handed its setuid files)."""
+    if runner.mode == "root":
+        pytest.skip("the site store belongs to root here: foreign only to the test user")
+    site = shared_tmp / "site"
+    site.mkdir(mode=0o700)
+    r = subprocess.run([runner.cli, "pull", "-q", "--store", str(site),
+                        f"docker-archive:{image_files['docker']}"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    subprocess.run(["chmod", "-R", "a+rX", str(site)], check=True)
+    cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}", "--clear-groups",
+           "--", runner.cli, "run", "gsbx/test:1", "true"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd="/",
+                       env=runner.env({"GPUSANDBOX_STORE": str(store),
+                                       "GPUSANDBOX_SITE_STORE": str(site)}))
+    assert r.returncode == 125
+    assert "is shared with other users but its filesystem is not mounted nosuid" in r.stderr
+
+
+@pytest.mark.parametrize("arg,want", [
+    ("No_Such_Dir", "gpusandbox: error: image directory not found: No_Such_Dir"),
+    ("tmp/../x", "gpusandbox: error: image directory not found: tmp/../x"),
+    ("etc/passwd", "gpusandbox: error: image is not a directory: etc/passwd"),
+])
+def test_missing_directory_named_like_a_name(root_runner, shared_tmp, arg, want):
+    """A relative IMAGE that is neither a directory nor a store name gets
+    the directory error, not a store one (run's cwd is /)."""
+    os.chown(shared_tmp, 0, 0)
+    r = gsbx(root_runner, shared_tmp / "store", ["run", arg, "true"])
+    assert r.returncode == 125
+    assert r.stderr.splitlines()[0] == want
+
+
+def test_layers_applied_in_order_with_whiteouts(runner, store, image_files, shared_tmp):
+    """Later layers delete (whiteout) and hide (opaque directory) what
+    earlier ones wrote: the store applies them in manifest order."""
+    ref = _layout(shared_tmp / "lay", image_files["base"], [
+        {"opt/": None, "opt/d/": None, "opt/d/a": b"a", "opt/d/b": b"b", "srv/": None,
+         "srv/gone": b"x", "srv/kept": b"k"},
+        {"opt/d/": None, "opt/d/.wh..wh..opq": b"", "opt/d/c": b"c", "srv/": None,
+         "srv/.wh.gone": b""}])
+    r = gsbx(runner, store, ["run", ref, "sh", "-c", "ls /opt/d; ls /srv"])
+    assert (r.returncode, r.stdout) == (0, "c\nkept\n"), r.stderr
+
+
+def test_pull_killed_mid_unpack_then_pulled_again(runner, store, image_files):
+    """SIGKILL while a layer is being applied: no image is published, and
+    the next pull removes the dead staging directory and succeeds."""
+    import signal
+    import time
+    ref = f"oci-archive:{image_files['archive']}"
+    cmd = [runner.cli, "pull", "-q", ref]
+    if runner.mode == "rootless":
+        cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
+               "--clear-groups", "--"] + cmd
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+                         env=runner.env({"GPUSANDBOX_STORE": str(store)}))
+    staged = False
+    while p.poll() is None:
+        tmp = store / "tmp"
+        if tmp.exists() and any(n.startswith("image_") and (tmp / n / "rootfs" / "usr").exists()
+                                for n in os.listdir(tmp)):
+            p.send_signal(signal.SIGKILL)
+            staged = True
+            break
+        time.sleep(0.001)
+    p.wait()
+    if not staged:
+        pytest.skip("the pull finished before a staging directory was seen")
+    assert os.listdir(store / "images") == []
+    assert any(n.startswith("image_") for n in os.listdir(store / "tmp"))
+    r = gsbx(runner, store, ["pull", "-q", ref])
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(store / "images") == [image_files["digest"][7:]]
+    assert os.listdir(store / "tmp") == []
+
+
+def test_inspect_and_images_escape_image_strings(root_runner, shared_tmp, image_files):
+    """Config strings reach the terminal escaped: an image cannot write
+    terminal control sequences through inspect or images."""
+    os.chown(shared_tmp, 0, 0)
+    store = shared_tmp / "store"
+    ref = _layout(shared_tmp / "lay", image_files["base"], User="a\x1b]0;pwned\x07",
+                  WorkingDir="/w\x1b[2J", Labels={"l": "\x1b[31mred"}, Env=["E=\x1b[1m"])
+    r = gsbx(root_runner, store, ["pull", "-q", ref])
+    assert r.returncode == 0, r.stderr
+    for args in (["inspect", ref], ["inspect", "--json", ref], ["images"], ["images", "--json"]):
+        r = gsbx(root_runner, store, args)
+        assert r.returncode == 0 and "\x1b" not in r.stdout and "\x07" not in r.stdout, args
+
+
+def test_rmi_and_prune_leave_an_image_in_use(runner, store, image_files):
+    """While a sandbox runs from a store image, rmi refuses to remove it
+    (changing nothing) and prune keeps it; once it ends, both work."""
+    ref = f"oci:{image_files['layout']}:v1"
+    cmd = [runner.cli, "run", ref, "echo up; read x"]
+    if runner.mode == "rootless":
+        cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
+               "--clear-groups", "--"] + cmd
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd="/",
+                         env=runner.env({"GPUSANDBOX_STORE": str(store)}))
+    try:
+        assert p.stdout.readline() == "up\n"
+        r = gsbx(runner, store, ["rmi", ref])
+        assert r.returncode == 125
+        assert r.stderr.startswith("gpusandbox: error: image sha256:") and \
+            "is in use by a running sandbox" in r.stderr, r.stderr
+        assert [x["reference"] for x in json.loads(
+            gsbx(runner, store, ["images", "--json"]).stdout)] == [ref]
+    finally:
+        p.communicate("\n", timeout=60)
+    assert p.returncode == 0, p.stderr
+    r = gsbx(runner, store, ["rmi", ref])
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(store / "images") == []
+
+
+def test_image_gpu_variables_never_widen_selection(runner, store, image_files, shared_tmp,
+                                                   sim_host):
+    """A store image's Env NVIDIA_VISIBLE_DEVICES=all is data for its
+    command: the selection stays the caller's (--gpus 1: one GPU node)."""
+    ref = _layout(shared_tmp / "lay", image_files["base"],
+                  Env=["PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all",
+                       "NVIDIA_DRIVER_CAPABILITIES=all", "CUDA_VISIBLE_DEVICES=0,1,2,3"])
+    r = gsbx(runner, store, ["run", "--driver-root", sim_host.root, "--gpus", "1", ref,
+                             "sh", "-c", "ls /dev | grep -E '^nvidia[0-9]+$'; "
+                             "echo $NVIDIA_VISIBLE_DEVICES"])
+    assert r.returncode == 0, r.stderr
+    nodes, visible = r.stdout.split()
+    # one node, and the GPU row (4) replaced the image's "all" with the selection
+    assert nodes == "nvidia1" and visible.startswith("GPU-") and "," not in visible, r.stdout

@@ -165,3 +165,60 @@ def test_not_a_tar(tmp_path):
         archive.DockerArchiveSource(str(p))
     with pytest.raises(ImageError, match="cannot open OCI layout"):
         archive.OciLayoutSource(str(tmp_path / "none"))
+
+
+def test_manifest_fields_checked():
+    good = json.loads(fx.build_image([{"a": b"1"}])[0])
+    mf.check_manifest(json.loads(json.dumps(good)))
+    for mutate in (lambda m: m.update(schemaVersion=1),
+                   lambda m: m["config"].update(size=(4 << 20) + 1),
+                   lambda m: m["config"].update(mediaType="text/plain"),
+                   lambda m: m["layers"][0].update(mediaType="application/x-evil"),
+                   lambda m: m["layers"][0].update(digest="sha256:" + "g" * 64),
+                   lambda m: m.update(layers={"a": 1}),
+                   lambda m: m.update(layers=[good["layers"][0]] * 501)):
+        m = json.loads(json.dumps(good))
+        mutate(m)
+        with pytest.raises(ImageError):
+            mf.check_manifest(m)
+
+
+def test_fifo_blob_never_opened(tmp_path, image):
+    """A FIFO in place of a blob is refused without being opened (an open
+    would block for ever)."""
+    man, blobs = image
+    lay = fx.write_layout(str(tmp_path / "lay"), [(None, man, blobs)])
+    src = archive.OciLayoutSource(lay)
+    _, doc, _ = src.manifest(AMD64)
+    d = doc["layers"][0]
+    p = os.path.join(lay, "blobs", "sha256", d["digest"][7:])
+    os.unlink(p)
+    os.mkfifo(p)
+    with pytest.raises(ImageError, match="not a regular file"):
+        _blob(src, d)
+
+
+def test_layout_with_a_multi_platform_index(tmp_path):
+    """index.json -> an image index (two platforms and an attestation) ->
+    the manifest of the platform asked for."""
+    m_amd, b_amd = fx.build_image([{"a": b"amd"}], arch="amd64")
+    m_arm, b_arm = fx.build_image([{"a": b"arm"}], arch="arm64")
+    entries = [{"mediaType": fx.OCI_MANIFEST, "digest": fx.sha(m_arm), "size": len(m_arm),
+                "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
+               {"mediaType": fx.OCI_MANIFEST, "digest": fx.sha(m_amd), "size": len(m_amd),
+                "platform": {"os": "linux", "architecture": "amd64"}}]
+    idx = json.dumps({"schemaVersion": 2, "mediaType": fx.OCI_INDEX,
+                      "manifests": entries}).encode()
+    lay = fx.write_layout(str(tmp_path / "lay"), [])
+    for d, data in list(b_amd.items()) + list(b_arm.items()) + [(fx.sha(idx), idx)]:
+        with open(os.path.join(lay, "blobs", "sha256", d[7:]), "wb") as f:
+            f.write(data)
+    with open(os.path.join(lay, "index.json"), "w") as f:
+        json.dump({"schemaVersion": 2, "manifests": [
+            {"mediaType": fx.OCI_INDEX, "digest": fx.sha(idx), "size": len(idx),
+             "annotations": {archive.REF_NAME: "multi"}}]}, f)
+    assert archive.OciLayoutSource(lay, "multi").manifest(AMD64)[0] == fx.sha(m_amd)
+    arm = mf.parse_platform("linux/arm64")
+    assert archive.OciLayoutSource(lay, "multi").manifest(arm)[0] == fx.sha(m_arm)
+    with pytest.raises(ImageError, match="no image for linux/s390x"):
+        archive.OciLayoutSource(lay, "multi").manifest(mf.parse_platform("linux/s390x"))

@@ -94,6 +94,7 @@ def test_pull_publishes_image_and_ref(tmp_path, layout):
         assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
     assert stat.S_IMODE(os.stat(st.root).st_mode) == 0o700
     assert os.listdir(st.root + "/tmp") == []
+    assert not [n for n in os.listdir(st.root + "/locks") if n.startswith("owner-")]
     # a second pull finds it complete and fetches nothing
     log = str(tmp_path / "log")
     st.pull(Counting(archive.OciLayoutSource(lay, "v1"), log), ["other:1"])
@@ -161,6 +162,7 @@ def test_rmi_and_prune(tmp_path, layout):
     n_img, n_blob, _ = st.prune()
     assert (n_img, n_blob) == (0, len(blobs))
     assert os.listdir(st.root + "/blobs/sha256") == []
+    assert os.listdir(st.root + "/locks") == ["gc"]
 
 
 def test_prune_keeps_named_removes_unnamed(tmp_path, layout):
@@ -183,22 +185,25 @@ def test_ref_names_escaped():
     assert len(storemod.escape("a" * 1000)) < 100
 
 
-def _pull_child(root, lay, log):
+def _pull_child(root, lay, log, go):
+    go.wait()                       # all start together: a cold store, 32 pulls
     st = storemod.Store(root)
     st.pull(Counting(archive.OciLayoutSource(lay, "v1"), log), ["same:1"])
     os._exit(0)
 
 
-def test_concurrent_pulls_fetch_each_blob_once(tmp_path, layout):
+def test_32_concurrent_pulls_fetch_each_blob_once(tmp_path, layout):
     lay, man, blobs = layout
     root, log = str(tmp_path / "s"), str(tmp_path / "log")
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_pull_child, args=(root, lay, log)) for _ in range(16)]
+    go = ctx.Event()
+    procs = [ctx.Process(target=_pull_child, args=(root, lay, log, go)) for _ in range(32)]
     for p in procs:
         p.start()
+    go.set()
     for p in procs:
         p.join(120)
-    assert [p.exitcode for p in procs] == [0] * 16
+    assert [p.exitcode for p in procs] == [0] * 32
     fetched = open(log).read().split()
     # the manifest is stored from the bytes already read; every other blob once
     assert sorted(fetched) == sorted(d for d in blobs if d != fx.sha(man))
@@ -231,6 +236,8 @@ def test_pull_killed_mid_layer(tmp_path):
     assert rec["digest"] == fx.sha(man)
     assert os.listdir(root + "/tmp") == []  # the dead pull's staging is gone
     assert open(st.bundle(rec["digest"]) + "/rootfs/b").read() == "2"
+    st.prune()    # the killed pull's owner file goes too
+    assert not [n for n in os.listdir(root + "/locks") if n.startswith("owner-")]
 
 
 def test_store_owned_by_another_user_refused(tmp_path):
@@ -274,3 +281,43 @@ def test_blob_restarted_by_source(tmp_path, layout):
     assert rec["digest"] == fx.sha(man)
     for d in blobs:
         assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
+
+
+def test_lookup_creates_no_store(tmp_path, monkeypatch):
+    """`run NAME`, images and inspect only look: no store appears in $HOME."""
+    from gpusandbox.image import ref as refmod, runimage
+    monkeypatch.delenv("GPUSANDBOX_STORE", raising=False)
+    monkeypatch.delenv("GPUSANDBOX_SITE_STORE", raising=False)
+    env = {"HOME": str(tmp_path), "XDG_DATA_HOME": ""}
+    all_stores = runimage.stores(None, env)
+    assert all_stores.root == str(tmp_path / ".local/share/gpusandbox/store")
+    with pytest.raises(ImageError, match="image not found"):
+        runimage.obtain(refmod.parse("ubuntu"), all_stores)
+    assert os.listdir(tmp_path) == []
+
+
+def test_prune_and_rmi_keep_an_image_held(tmp_path, layout):
+    lay, man, blobs = layout
+    st = storemod.Store(str(tmp_path / "s"))
+    dig = fx.sha(man)
+    st.pull(archive.OciLayoutSource(lay, "v1"), ["x:1"])
+    fd = storemod.Store(st.root).hold(dig)        # a running sandbox
+    with pytest.raises(ImageError, match="in use"):
+        st.rmi(["x:1", "nope:2"][:1])
+    assert st.get_ref("x:1") == dig               # all or nothing
+    with pytest.raises(ImageError, match="no image 'nope:2'"):
+        st.rmi(["x:1", "nope:2"])
+    assert st.get_ref("x:1") == dig
+    st.remove_ref("x:1")
+    assert st.prune()[:2] == (0, 0) and st.has_image(dig)
+    with pytest.raises(ImageError, match="is being removed"):
+        fd2 = st.try_exclusive(dig)
+        assert fd2 is None
+        os.close(fd)
+        fd = None
+        held = st.try_exclusive(dig)
+        try:
+            storemod.Store(st.root).hold(dig)
+        finally:
+            os.close(held)
+    assert st.prune()[:2] == (1, len(blobs))

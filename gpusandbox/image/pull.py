@@ -1,0 +1,160 @@
+"""Store.pull: fetch an image's blobs and unpack it into the store.
+
+The manifest is checked against its digest, the config against the
+platform, every layer's diff_id against the config; an image is built in a
+staging directory and published by one rename (store.py describes the
+layout, the locks and the staging rules)."""
+import fcntl
+import json
+import os
+import time
+
+from . import config as cfgmod
+from . import digest as digestmod
+from . import manifest as mf
+from .digest import ImageError
+from .store import _DIR, bundle_config
+from .storegc import rmtree_at
+
+
+def pull(st, source, names=None, platform=None, asked=False, progress=None):
+    """Fetch and unpack the image `source` offers for `platform` and name
+    it: `names` is a list of refs or a function of the source giving one
+    (a docker-archive's names are known after its manifest is read); the
+    refs are written under the gc lock, so no prune sees the image
+    unnamed.  Returns its image record."""
+    want = platform or mf.host_platform()
+    dig, man, raw = source.manifest(want)
+    h = digestmod.hasher(dig)
+    h.update(raw)
+    if f"{dig.partition(':')[0]}:{h.hexdigest()}" != dig:
+        raise ImageError(f"manifest {dig} does not match its digest", None)
+    mf.check_manifest(man)
+    if st.has_image(dig):
+        # Already here (a local layout run again): no lock when every
+        # name already points at it.
+        wanted = names(source) if callable(names) else list(names or ())
+        if all(st.get_ref(n) == dig for n in wanted):
+            st.touch(dig)
+            return st.image_record(dig)
+    gc = st.lock("gc", shared=True)
+    st._fetched = []
+    try:
+        st.clean_staging()
+        if not st.has_image(dig):
+            _build(st, source, dig, man, raw, want, asked, progress)
+        for name in (names(source) if callable(names) else names or ()):
+            st.set_ref(name, dig)
+        st.touch(dig)
+        return st.image_record(dig)
+    except BaseException:
+        _forget(st, gc)
+        gc = None
+        raise
+    finally:
+        st.release_owner()
+        if gc is not None:
+            os.close(gc)
+
+
+def _forget(st, gc):
+    """After a failed pull: remove the blobs it fetched that no image
+    needs, so bad input leaves nothing behind.  Only when no other pull
+    runs (gc taken exclusively without waiting); else prune does it."""
+    try:
+        fcntl.flock(gc, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(gc)
+        return
+    try:
+        needed = set()
+        for d in st.image_digests():
+            rec = st.image_record(d) or {}
+            needed.update([d, rec.get("config")] + list(rec.get("layers") or []))
+        for d in st._fetched:
+            if d not in needed:
+                try:
+                    os.unlink(st.blob_path(d), dir_fd=st.fd)
+                except OSError:
+                    pass
+    finally:
+        os.close(gc)
+
+
+def _build(st, source, dig, man, raw, want, asked, progress):
+    st.put_bytes(dig, raw)
+    st.ensure_blob(source, man["config"])
+    conf = cfgmod.parse(st.read_blob(man["config"]["digest"]))
+    cfgmod.check_platform(conf, want, asked)
+    layers = man["layers"]
+    if len(conf.diff_ids) != len(layers):
+        raise ImageError(f"image {dig}: {len(layers)} layers but "
+                         f"{len(conf.diff_ids)} diff_ids in its config", None)
+    if progress:
+        progress("start", {"layers": len(layers),
+                           "total": sum(d["size"] for d in layers
+                                        if not st.has_blob(d))})
+    for d in layers:
+        if st.has_blob(d) and progress:
+            progress("cached", d)
+        st.ensure_blob(source, d, progress)
+    lk = st.lock("image-" + dig.partition(":")[2])
+    try:
+        if st.has_image(dig):
+            return
+        _unpack(st, dig, man, conf, progress)
+    finally:
+        os.close(lk)
+
+
+def _unpack(st, dig, man, conf, progress):
+    from . import unpack
+    tmp = st._staging_name("image")
+    os.mkdir(tmp, 0o700, dir_fd=st.fd)
+    sfd = os.open(tmp, _DIR, dir_fd=st.fd)
+    try:
+        os.mkdir("rootfs", 0o755, dir_fd=sfd)
+        rootfd = os.open("rootfs", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, dir_fd=sfd)
+        warned = set()
+
+        def warn(line):
+            if line not in warned and progress:
+                warned.add(line)
+                progress("warn", line)
+        try:
+            for i, d in enumerate(man["layers"]):
+                with st.open_blob(d["digest"]) as f:
+                    diff_id = unpack.apply_layer(rootfd, f, media_type=d["mediaType"],
+                                                 rootless=os.geteuid() != 0, warn=warn)
+                if diff_id != conf.diff_ids[i]:
+                    raise ImageError(f"layer {d['digest']} does not match the image "
+                                     f"config's diff_id", f"got {diff_id}, config says "
+                                     f"{conf.diff_ids[i]}")
+                if progress:
+                    progress("layer", d)
+        finally:
+            os.close(rootfd)
+        size = sum(d["size"] for d in man["layers"])
+        rec = {"digest": dig, "config": man["config"]["digest"], "size": size,
+               "created": conf.created, "platform": mf.format_platform(conf.platform()),
+               "layers": [d["digest"] for d in man["layers"]], "pulled": int(time.time())}
+        for fname, data in (("image.json", json.dumps(rec).encode()), ("used", b""),
+                            ("config.json", bundle_config(conf))):
+            fd = os.open(fname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                         0o600, dir_fd=sfd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                st._publish_mode(f.fileno(), False)
+                os.fsync(f.fileno())
+        st._publish_mode(sfd, True)
+        os.fsync(sfd)
+        os.rename(tmp, st.image_dir(dig), src_dir_fd=st.fd, dst_dir_fd=st.fd)
+    except BaseException:
+        try:
+            rmtree_at(st.fd, tmp)
+        except OSError:
+            pass       # the next pull or prune removes it (its lock is free then)
+        raise
+    finally:
+        os.close(sfd)
