@@ -212,9 +212,14 @@ class RegistrySource:
         while True:
             try:
                 r = self._get(url, headers)
-            except (requests.ConnectionError, requests.Timeout) as e:
+            except requests.exceptions.SSLError as e:
                 # A TLS failure is an answer, not a transient fault.
-                if attempt >= self.retries or isinstance(e, requests.exceptions.SSLError):
+                raise ImageError(f"TLS with registry {self.host} failed", _clean(e, 160),
+                                 "if its certificate is right, put its CA in /etc/containers/"
+                                 f"certs.d/{self.endpoint}/ca.crt (or pass --tls-verify=false)"
+                                 ) from None
+            except (requests.ConnectionError, requests.Timeout) as e:
+                if attempt >= self.retries:
                     raise ImageError(f"cannot reach registry {self.host}", _clean(e, 160),
                                      "check the host name, the network and https_proxy") from None
                 attempt += 1
@@ -236,13 +241,13 @@ class RegistrySource:
         schemes = ["https"]
         if is_loopback(self.endpoint) or not self.tls_verify:
             schemes.append("http")
-        last = None
+        errors = []
         for scheme in schemes:
             url = f"{scheme}://{self.endpoint}/v2/"
             try:
                 r = self._get_retrying(url, {}, "registry")
             except ImageError as e:
-                last = e
+                errors.append(e)
                 continue
             self._base = f"{scheme}://{self.endpoint}"
             chal = r.headers.get("WWW-Authenticate") if r.status_code == 401 else None
@@ -250,7 +255,9 @@ class RegistrySource:
             if chal:
                 self._authenticate(chal)
             return self._base
-        raise last
+        # Something answered TLS on https and plain http failed too: the
+        # TLS error is the one to fix.
+        raise errors[0] if errors[0].what.startswith("TLS") else errors[-1]
 
     # -- authentication --------------------------------------------------
 
