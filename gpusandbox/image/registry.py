@@ -5,6 +5,8 @@ only here so that `run` of a directory or a cached image never pays for it.
 Redirects are followed by this module, not by requests: Authorization goes
 only to the registry's own origin (a redirect to blob storage drops it for
 the rest of the chain), https never leads to http, at most MAX_REDIRECTS hops.
+A loopback registry is never reached through a proxy (as Go's
+ProxyFromEnvironment, which podman and skopeo use).
 
 Everything the registry sends is untrusted: manifests are read bounded and
 their digest is computed always (and compared when pulled by digest, or when
