@@ -343,3 +343,11 @@ def test_https_unknown_ca_refused(tls_hostile, tmp_path, monkeypatch):
     assert f"TLS with registry {tls_hostile.host} failed" in e.value.line()
     assert f"certs.d/{tls_hostile.host}/ca.crt" in e.value.hint
     assert not [p for _, p, _ in tls_hostile.seen if "/manifests/" in p]
+
+
+def test_loopback_never_through_a_proxy(hostile, monkeypatch):
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")     # nothing listens there
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert _hsrc(hostile, "good").manifest()[0] == hostile.image.digest
