@@ -364,9 +364,11 @@ class RegistrySource:
                 code = "MANIFEST_UNKNOWN" if what.startswith("manifest") else \
                     "BLOB_UNKNOWN" if what.startswith("blob") else None
         if code == "UNAUTHORIZED" and self._creds:
+            # Token registries answer so too when the credentials are good
+            # but may not pull this repository (or it does not exist).
             return ImageError(f"{self.name}: the registry refused the credentials",
-                              f"HTTP {r.status_code}", "check the auth file (--authfile) "
-                              "or log in again (podman login / skopeo login)")
+                              f"HTTP {r.status_code}", "check the image name and the auth file "
+                              "(--authfile), or log in again (podman login / skopeo login)")
         why = f"{code}: {_clean(msg)}" if code and msg else code or f"HTTP {r.status_code}"
         if code in ERRORS:
             meaning, fix = ERRORS[code]
