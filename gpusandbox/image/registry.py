@@ -5,6 +5,8 @@ only here so that `run` of a directory or a cached image never pays for it.
 Redirects are followed by this module, not by requests: Authorization goes
 only to the registry's own origin (a redirect to blob storage drops it for
 the rest of the chain), https never leads to http, at most MAX_REDIRECTS hops.
+A loopback registry is never reached through a proxy (as Go's
+ProxyFromEnvironment, which podman and skopeo use).
 
 Everything the registry sends is untrusted: manifests are read bounded and
 their digest is computed always (and compared when pulled by digest, or when
@@ -212,9 +214,14 @@ class RegistrySource:
         while True:
             try:
                 r = self._get(url, headers)
-            except (requests.ConnectionError, requests.Timeout) as e:
+            except requests.exceptions.SSLError as e:
                 # A TLS failure is an answer, not a transient fault.
-                if attempt >= self.retries or isinstance(e, requests.exceptions.SSLError):
+                raise ImageError(f"TLS with registry {self.host} failed", _clean(e, 160),
+                                 "if its certificate is right, put its CA in /etc/containers/"
+                                 f"certs.d/{self.endpoint}/ca.crt (or pass --tls-verify=false)"
+                                 ) from None
+            except (requests.ConnectionError, requests.Timeout) as e:
+                if attempt >= self.retries:
                     raise ImageError(f"cannot reach registry {self.host}", _clean(e, 160),
                                      "check the host name, the network and https_proxy") from None
                 attempt += 1
@@ -236,13 +243,13 @@ class RegistrySource:
         schemes = ["https"]
         if is_loopback(self.endpoint) or not self.tls_verify:
             schemes.append("http")
-        last = None
+        errors = []
         for scheme in schemes:
             url = f"{scheme}://{self.endpoint}/v2/"
             try:
                 r = self._get_retrying(url, {}, "registry")
             except ImageError as e:
-                last = e
+                errors.append(e)
                 continue
             self._base = f"{scheme}://{self.endpoint}"
             chal = r.headers.get("WWW-Authenticate") if r.status_code == 401 else None
@@ -250,7 +257,9 @@ class RegistrySource:
             if chal:
                 self._authenticate(chal)
             return self._base
-        raise last
+        # Something answered TLS on https and plain http failed too: the
+        # TLS error is the one to fix.
+        raise errors[0] if errors[0].what.startswith("TLS") else errors[-1]
 
     # -- authentication --------------------------------------------------
 
@@ -355,9 +364,11 @@ class RegistrySource:
                 code = "MANIFEST_UNKNOWN" if what.startswith("manifest") else \
                     "BLOB_UNKNOWN" if what.startswith("blob") else None
         if code == "UNAUTHORIZED" and self._creds:
+            # Token registries answer so too when the credentials are good
+            # but may not pull this repository (or it does not exist).
             return ImageError(f"{self.name}: the registry refused the credentials",
-                              f"HTTP {r.status_code}", "check the auth file (--authfile) "
-                              "or log in again (podman login / skopeo login)")
+                              f"HTTP {r.status_code}", "check the image name and the auth file "
+                              "(--authfile), or log in again (podman login / skopeo login)")
         why = f"{code}: {_clean(msg)}" if code and msg else code or f"HTTP {r.status_code}"
         if code in ERRORS:
             meaning, fix = ERRORS[code]

@@ -92,6 +92,9 @@ def prepare(spec):
     # registry (minutes, in a batch log); a local import stays quiet.
     mode = "tty" if sys.stderr.isatty() else "plain" if ref.transport == "docker" else "none"
     st, dig = obtain(ref, stores(spec.store), platform, progress=Progress(mode))
+    # Held, never closed: rmi and prune leave the image alone while the
+    # launcher (and the sandbox it waits for) lives.
+    st.hold(dig)
     rec = st.image_record(dig)
     if not rec:
         raise ImageError(f"image {dig} in {st.root} has no readable record", None,
@@ -104,12 +107,10 @@ def prepare(spec):
         raise ImageError(f"no command to run in {ref.canonical()}",
                          "the image has no Entrypoint or Cmd",
                          "give one: gpusandbox run IMAGE CMD [ARG...]")
-    if conf.user and spec.user is None and not spec.fakeroot:
+    if conf.user and spec.user is None and not spec.fakeroot and \
+            conf.user not in ("0", "root", "0:0", "root:root"):
         _user(spec, conf, st.bundle(dig) + "/rootfs")
     st.touch(dig)
-    # Held, never closed: rmi and prune leave the image alone while the
-    # launcher (and the sandbox it waits for) lives.
-    st.hold(dig)
 
 
 def _store_name(text):

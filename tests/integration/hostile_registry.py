@@ -7,6 +7,8 @@ each failure path of the client.  The repository name picks the behaviour:
   truncated       every blob response cut at half its length
   cut-resume      the first blob response cut; Range answered with 206
   cut-restart     the first blob response cut; Range ignored (200, whole blob)
+  hang            the first blob response sends half, sets `half_sent`, then
+                  waits for `release` (a pull to kill mid-layer); later ones whole
   larger          Content-Length larger than the descriptor
   larger-unsized  no Content-Length, more bytes than the descriptor
   expire          the first token is refused on the blob (401 in mid-pull)
@@ -23,11 +25,14 @@ each failure path of the client.  The repository name picks the behaviour:
   schema1         a Docker schema 1 manifest
   badchild        an index whose entry digest does not match the manifest served
 """
+import gzip
 import hashlib
+import io
 import http.server
 import json
 import os
 import re
+import tarfile
 import ssl
 import threading
 import urllib.parse
@@ -40,12 +45,27 @@ def _sha(b):
     return "sha256:" + hashlib.sha256(b).hexdigest()
 
 
+def _layer():
+    """A real gzip'd tar (one 256 KiB file of random bytes), so that a good
+    pull through the CLI completes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        ti = tarfile.TarInfo("data.bin")
+        data = os.urandom(256 * 1024)
+        ti.size, ti.mode = len(data), 0o644
+        t.addfile(ti, io.BytesIO(data))
+    raw = buf.getvalue()
+    return gzip.compress(raw, compresslevel=1), _sha(raw)
+
+
 class _Image:
     def __init__(self):
-        self.layer = os.urandom(256 * 1024)
-        self.config = json.dumps({"architecture": "amd64", "os": "linux",
+        self.layer, diff_id = _layer()
+        arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, "amd64")
+        self.config = json.dumps({"architecture": arch, "os": "linux",
+                                  "config": {"Cmd": ["/data.bin"]},
                                   "rootfs": {"type": "layers",
-                                             "diff_ids": [_sha(b"x")]}}).encode()
+                                             "diff_ids": [diff_id]}}).encode()
         self.blobs = {_sha(self.layer): self.layer, _sha(self.config): self.config}
         self.manifest = {
             "schemaVersion": 2, "mediaType": OCI_MANIFEST,
@@ -75,6 +95,8 @@ class Hostile:
         self.counts = {}
         self.tokens = 0
         self.seen = []              # (server, path, headers) of every request
+        self.half_sent = threading.Event()
+        self.release = threading.Event()
         self.main = self._serve("127.0.0.1", self._main_handler, tls)
         self.other = self._serve("127.0.0.2", self._other_handler)
         self.host = f"127.0.0.1:{self.main.server_address[1]}"
@@ -214,13 +236,23 @@ class Hostile:
             return self._error(h, 404, "BLOB_UNKNOWN")
         rng = h.headers.get("Range")
         start = int(re.match(r"bytes=(\d+)-$", rng).group(1)) if rng else 0
-        n = self.count(f"{scen}-blob")
+        n = self.count(f"{scen}-blob-{ref}")   # per blob: the first request of each
         if scen == "wrongdigest":
             bad = bytearray(data)
             bad[len(bad) // 2] ^= 1
             return self._send(h, 200, bytes(bad))
         if scen == "truncated":
             return self._cut(h, data, start)
+        if scen == "hang" and n == 1 and len(data) > 4096:
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            h.wfile.write(data[: len(data) // 2])
+            h.wfile.flush()
+            self.half_sent.set()
+            self.release.wait(120)
+            h.close_connection = True
+            return
         if scen in ("cut-resume", "cut-restart") and n == 1:
             return self._cut(h, data)
         if scen == "cut-resume" and start:

@@ -433,3 +433,19 @@ def test_rmi_and_prune_leave_an_image_in_use(runner, store, image_files):
     r = gsbx(runner, store, ["rmi", ref])
     assert r.returncode == 0, r.stderr
     assert os.listdir(store / "images") == []
+
+
+def test_image_gpu_variables_never_widen_selection(runner, store, image_files, shared_tmp,
+                                                   sim_host):
+    """A store image's Env NVIDIA_VISIBLE_DEVICES=all is data for its
+    command: the selection stays the caller's (--gpus 1: one GPU node)."""
+    ref = _layout(shared_tmp / "lay", image_files["base"],
+                  Env=["PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all",
+                       "NVIDIA_DRIVER_CAPABILITIES=all", "CUDA_VISIBLE_DEVICES=0,1,2,3"])
+    r = gsbx(runner, store, ["run", "--driver-root", sim_host.root, "--gpus", "1", ref,
+                             "sh", "-c", "ls /dev | grep -E '^nvidia[0-9]+$'; "
+                             "echo $NVIDIA_VISIBLE_DEVICES"])
+    assert r.returncode == 0, r.stderr
+    nodes, visible = r.stdout.split()
+    # one node, and the GPU row (4) replaced the image's "all" with the selection
+    assert nodes == "nvidia1" and visible.startswith("GPU-") and "," not in visible, r.stdout

@@ -326,7 +326,7 @@ def test_https_with_certs_d_ca(tls_hostile, tmp_path, monkeypatch):
         monkeypatch.setattr(regmod, "CERTS_DIRS", (str(other.certs),))
         with pytest.raises(ImageError) as e:
             _hsrc(other, "good").manifest()
-        assert f"cannot reach registry {other.host}" in e.value.line()
+        assert f"TLS with registry {other.host} failed" in e.value.line()
         assert not [p for _, p, _ in other.seen if "/manifests/" in p]
     finally:
         other.stop()
@@ -334,10 +334,20 @@ def test_https_with_certs_d_ca(tls_hostile, tmp_path, monkeypatch):
 
 def test_https_unknown_ca_refused(tls_hostile, tmp_path, monkeypatch):
     """Without its CA the server is not trusted; the plain-http fallback of
-    a loopback registry finds no http there either: one error, no bytes."""
+    a loopback registry finds no http there either: the TLS error, with
+    where the CA goes, and no manifest asked for."""
     import gpusandbox.image.registry as regmod
     monkeypatch.setattr(regmod, "CERTS_DIRS", (str(tmp_path / "none"),))
     with pytest.raises(ImageError) as e:
         _hsrc(tls_hostile, "good").manifest()
-    assert f"cannot reach registry {tls_hostile.host}" in e.value.line()
+    assert f"TLS with registry {tls_hostile.host} failed" in e.value.line()
+    assert f"certs.d/{tls_hostile.host}/ca.crt" in e.value.hint
     assert not [p for _, p, _ in tls_hostile.seen if "/manifests/" in p]
+
+
+def test_loopback_never_through_a_proxy(hostile, monkeypatch):
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")     # nothing listens there
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert _hsrc(hostile, "good").manifest()[0] == hostile.image.digest

@@ -5,6 +5,7 @@ exit 125, nothing left in the store."""
 import base64
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -115,3 +116,42 @@ def test_concurrent_cold_pulls_fetch_each_blob_once(runner, store, registry, pus
         time.sleep(0.1)
     # the config and both layers, each once
     assert len(gets) == 3 and set(gets.values()) == {1}, gets
+
+
+def test_pull_killed_mid_layer_leaves_nothing_and_next_pull_completes(runner, store):
+    h = Hostile()
+    try:
+        ref = f"docker://{h.host}/hang:latest"
+        cmd = [runner.cli, "pull", "-q", ref]
+        if runner.mode == "rootless":
+            cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
+                   "--clear-groups", "--"] + cmd
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+                             env=runner.env({"GPUSANDBOX_STORE": str(store)}))
+        try:
+            assert h.half_sent.wait(120), "the pull never reached the layer"
+            os.kill(p.pid, signal.SIGKILL)
+        finally:
+            p.communicate(timeout=60)
+            h.release.set()
+        assert not [x for x in _leftovers(store) if x.startswith(("images/", "refs/"))]
+        r = gsbx(runner, store, ["pull", "-q", ref])
+        assert (r.returncode, r.stdout.strip()) == (0, h.image.digest), r.stderr
+        left = _leftovers(store)
+        assert [x for x in left if x.startswith("images/")] == ["images/" + h.image.digest[7:]]
+        assert not [x for x in left if x.startswith("tmp/")], left
+    finally:
+        h.release.set()
+        h.stop()
+
+
+@pytest.mark.parametrize("scen", ["cut-resume", "cut-restart", "expire", "redirect", "flaky"])
+def test_registry_recoveries_through_the_cli(runner, store, scen):
+    """A cut resumed or restarted, a token renewed in mid-pull, a redirect
+    to blob storage, 5xx retried: the pull completes, verified."""
+    h = Hostile()
+    try:
+        r = gsbx(runner, store, ["pull", "-q", f"docker://{h.host}/{scen}:latest"])
+    finally:
+        h.stop()
+    assert (r.returncode, r.stdout.strip()) == (0, h.image.digest), r.stderr

@@ -200,4 +200,4 @@ def test_plain_http_only_for_loopback_or_no_tls_verify(host, tls_verify, schemes
     with pytest.raises(ImageError) as e:
         s.manifest()
     assert [u.partition(":")[0] for u, _ in s._session.sent] == schemes
-    assert f"cannot reach registry {host}" in e.value.line()
+    assert f"TLS with registry {host} failed" in e.value.line()
