@@ -6,6 +6,8 @@ import tomllib
 
 # command -> Debian package that ships it
 PEERS = {"bwrap": "bubblewrap", "crun": "crun", "runc": "runc", "podman": "podman"}
+# what the images section runs: the registry, the pusher and copier, the unpacker
+IMAGE_TOOLS = {"docker-registry": "docker-registry", "skopeo": "skopeo", "umoci": "umoci"}
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 # Another apt-get may hold the dpkg lock (an image build, another job): wait for it.
 APT_LOCK = ["-o", "DPkg::Lock::Timeout=300"]
@@ -24,40 +26,40 @@ def _apt(args, log):
     return p.returncode, (tail[-1] if tail else "")
 
 
-def ensure(install, log):
+def ensure(install, log, peers=PEERS):
     """Return {command: (path or None, reason)}: the reason says why a peer
-    is missing, or how it got here."""
-    found = {c: _which(c) for c in PEERS}
+    is missing, or how it got here.  `peers`: {command: package}."""
+    found = {c: _which(c) for c in peers}
     missing = [c for c, p in found.items() if p is None]
     result = {c: (p, "installed") for c, p in found.items() if p}
     if not missing:
         return result
     if not install:
         for c in missing:
-            result[c] = (None, f"not installed (--no-install; apt-get install {PEERS[c]})")
+            result[c] = (None, f"not installed (--no-install; apt-get install {peers[c]})")
         return result
     if os.geteuid() != 0 or _which("apt-get") is None:
         why = "needs root" if os.geteuid() != 0 else "no apt-get on this host"
         for c in missing:
-            result[c] = (None, f"not installed ({why}; install package {PEERS[c]})")
+            result[c] = (None, f"not installed ({why}; install package {peers[c]})")
         return result
     rc, last = _apt(["update", "-q"], log)
     if rc != 0:
         log(f"apt-get update failed ({last}); trying the cached package lists")
-    pkgs = [PEERS[c] for c in missing]
+    pkgs = [peers[c] for c in missing]
     rc, last = _apt(["install", "-y", "-q", "--no-install-recommends", *pkgs], log)
     if rc != 0:
         # One package may be unavailable (podman on a minimal mirror): take the rest.
         for c in missing:
-            rc1, last1 = _apt(["install", "-y", "-q", "--no-install-recommends", PEERS[c]], log)
+            rc1, last1 = _apt(["install", "-y", "-q", "--no-install-recommends", peers[c]], log)
             if rc1 != 0:
-                result[c] = (None, f"apt-get install {PEERS[c]} failed: {last1}")
+                result[c] = (None, f"apt-get install {peers[c]} failed: {last1}")
     for c in missing:
         if c in result:
             continue
         path = _which(c)
-        result[c] = (path, f"installed now (package {PEERS[c]})") if path else \
-            (None, f"package {PEERS[c]} installed but {c} not on PATH")
+        result[c] = (path, f"installed now (package {peers[c]})") if path else \
+            (None, f"package {peers[c]} installed but {c} not on PATH")
     return result
 
 
