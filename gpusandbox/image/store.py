@@ -23,7 +23,6 @@ staging directory are 0700, so a setuid file in an image is reachable by
 nobody else on the host."""
 import errno
 import fcntl
-import json
 import os
 import stat
 
@@ -62,10 +61,27 @@ def bundle_config(conf):
     """The OCI runtime bundle config.json next to rootfs/: the image's Env
     and WorkingDir, which `run` of the bundle reads as row 3 of the
     environment table and the default -w (plan._config_env checks it again)."""
+    import json
     proc = {"env": [f"{k}={v}" for k, v in conf.env], "cwd": conf.workdir or "/",
             "args": (conf.entrypoint or []) + (conf.cmd or [])}
     return json.dumps({"ociVersion": "1.0.2", "process": proc,
                        "root": {"path": "rootfs", "readonly": True}}).encode()
+
+
+def _ref_fast(data, name):
+    """The ref record set_ref writes, read without the json module when its
+    bytes are exactly what json.dumps gives for a name of plain printable
+    ASCII (every validated reference is): {"name": "N", "digest": "D"}.
+    None means "not that exact form": the caller parses it as JSON."""
+    if not name.isascii() or not name.isprintable() or '"' in name or "\\" in name:
+        return None
+    head = b'{"name": "' + name.encode() + b'", "digest": "'
+    if not data.startswith(head) or not data.endswith(b'"}'):
+        return None
+    dig = data[len(head):-2]
+    if not dig.isascii() or b'"' in dig or b"\\" in dig:
+        return None
+    return {"name": name, "digest": dig.decode()}
 
 
 class _Writer:
@@ -326,6 +342,7 @@ class Store:
             return False
 
     def image_record(self, dig):
+        import json
         try:
             return json.loads(self.read_file(self.image_dir(dig) + "/image.json"))
         except (OSError, ValueError):
@@ -394,6 +411,7 @@ class Store:
         digestmod.validate(dig)
         if not isinstance(name, str) or not name or "\0" in name or len(name) > 4096:
             raise ImageError(f"invalid image name {str(name)[:60]!r}", None)
+        import json
         data = json.dumps({"name": name, "digest": dig}).encode()
         tmp = self._staging_name("ref")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
@@ -407,11 +425,16 @@ class Store:
 
     def get_ref(self, name):
         try:
-            rec = json.loads(self.read_file("refs/" + escape(name), 1 << 16))
-        except FileNotFoundError:
+            data = self.read_file("refs/" + escape(name), 1 << 16)
+        except OSError:
             return None
-        except (OSError, ValueError):
-            return None
+        rec = _ref_fast(data, name)
+        if rec is None:
+            import json
+            try:
+                rec = json.loads(data)
+            except ValueError:
+                return None
         if not isinstance(rec, dict) or rec.get("name") != name:
             return None
         try:
@@ -422,6 +445,7 @@ class Store:
 
     def refs(self):
         """[(name, digest)] of every ref."""
+        import json
         out = []
         rfd = os.open("refs", _DIR, dir_fd=self.fd)
         try:
