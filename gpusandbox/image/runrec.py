@@ -1,4 +1,6 @@
-"""images/<hex>/run.rec: what `run` of a store image needs from its config
+"""Cheap reads for `run` of a cached image.
+
+images/<hex>/run.rec: what `run` of a store image needs from its config
 (config digest, platform, Entrypoint, Cmd, User, Env, WorkingDir), written
 by the pull from the checked ImageConfig and read back without the json
 module (which, with the `re` it imports, cost a cached `run` more than the
@@ -107,3 +109,19 @@ def _list(it):
     if any(len(x) > MAX_STR for x in out):
         raise ValueError("too long")
     return out
+
+
+def ref_fast(data, name):
+    """The ref record set_ref writes, read without the json module when its
+    bytes are exactly what json.dumps gives for a name of plain printable
+    ASCII (every validated reference is): {"name": "N", "digest": "D"}.
+    None means "not that exact form": the caller parses it as JSON."""
+    if not name.isascii() or not name.isprintable() or '"' in name or "\\" in name:
+        return None
+    head = b'{"name": "' + name.encode() + b'", "digest": "'
+    if not data.startswith(head) or not data.endswith(b'"}'):
+        return None
+    dig = data[len(head):-2]
+    if not dig.isascii() or b'"' in dig or b"\\" in dig:
+        return None
+    return {"name": name, "digest": dig.decode()}

@@ -28,6 +28,7 @@ import stat
 
 from . import digest as digestmod
 from . import manifest as mf
+from . import runrec
 from .digest import ImageError
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -66,22 +67,6 @@ def bundle_config(conf):
             "args": (conf.entrypoint or []) + (conf.cmd or [])}
     return json.dumps({"ociVersion": "1.0.2", "process": proc,
                        "root": {"path": "rootfs", "readonly": True}}).encode()
-
-
-def _ref_fast(data, name):
-    """The ref record set_ref writes, read without the json module when its
-    bytes are exactly what json.dumps gives for a name of plain printable
-    ASCII (every validated reference is): {"name": "N", "digest": "D"}.
-    None means "not that exact form": the caller parses it as JSON."""
-    if not name.isascii() or not name.isprintable() or '"' in name or "\\" in name:
-        return None
-    head = b'{"name": "' + name.encode() + b'", "digest": "'
-    if not data.startswith(head) or not data.endswith(b'"}'):
-        return None
-    dig = data[len(head):-2]
-    if not dig.isascii() or b'"' in dig or b"\\" in dig:
-        return None
-    return {"name": name, "digest": dig.decode()}
 
 
 class _Writer:
@@ -428,7 +413,7 @@ class Store:
             data = self.read_file("refs/" + escape(name), 1 << 16)
         except OSError:
             return None
-        rec = _ref_fast(data, name)
+        rec = runrec.ref_fast(data, name)
         if rec is None:
             import json
             try:

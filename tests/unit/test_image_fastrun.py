@@ -99,7 +99,7 @@ def test_ref_file_read_without_json_and_with(tmp_path):
     st = storemod.Store(str(tmp_path / "s"))
     dig = "sha256:" + "b" * 64
     st.set_ref("docker.io/library/x:1", dig)
-    assert storemod._ref_fast(open(st.root + "/refs/" + storemod.escape(
+    assert runrec.ref_fast(open(st.root + "/refs/" + storemod.escape(
         "docker.io/library/x:1"), "rb").read(), "docker.io/library/x:1")
     assert st.get_ref("docker.io/library/x:1") == dig
     st.set_ref('oci:/a "b\\é', dig)          # escaped by json: read by json
