@@ -350,7 +350,10 @@ def build(spec, host_env=None):
         config = _squash_root(plan, spec.image)
     rootfd = plan.rootfd
     _check_binds(spec)
-    image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
+    if spec.image_env is not None:
+        image_env, image_cwd = spec.image_env   # a store image (image/runimage.py)
+    else:
+        image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)
     gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
     _devices(plan, spec)

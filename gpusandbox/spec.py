@@ -32,7 +32,7 @@ class RunSpec:
         # security
         "seccomp",
         # images (an image reference as IMAGE): --entrypoint, --platform, --store
-        "entrypoint", "platform", "store", "image_ref",
+        "entrypoint", "platform", "store", "image_ref", "image_env",
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
         # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
@@ -71,4 +71,5 @@ class RunSpec:
         self.platform = None
         self.store = None
         self.image_ref = False       # IMAGE is an image reference (cli.is_image_ref)
+        self.image_env = None        # (env items, workdir) of a store image's config
         self.pause_at = None

@@ -5,7 +5,6 @@ index is parsed here, each field checked for type and bound, and an index is
 reduced to the one manifest descriptor for a platform (attestation entries
 skipped).  A document that claims to be both a manifest and an index is
 refused."""
-import json
 import os
 
 from . import digest as digestmod
@@ -66,6 +65,7 @@ def format_platform(p):
 def loads(raw, what):
     if len(raw) > MAX_DOC:
         raise ImageError(f"{what} is too large", f"{len(raw)} bytes (at most {MAX_DOC})")
+    import json   # here: `run` of a cached image parses no JSON (runrec.py)
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):

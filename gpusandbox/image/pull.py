@@ -12,6 +12,7 @@ import time
 from . import config as cfgmod
 from . import digest as digestmod
 from . import manifest as mf
+from . import runrec
 from .digest import ImageError
 from .store import _DIR, bundle_config
 from .storegc import rmtree_at
@@ -140,7 +141,8 @@ def _unpack(st, dig, man, conf, progress):
                "created": conf.created, "platform": mf.format_platform(conf.platform()),
                "layers": [d["digest"] for d in man["layers"]], "pulled": int(time.time())}
         for fname, data in (("image.json", json.dumps(rec).encode()), ("used", b""),
-                            ("config.json", bundle_config(conf))):
+                            ("config.json", bundle_config(conf)),
+                            (runrec.NAME, runrec.dump(man["config"]["digest"], conf))):
             fd = os.open(fname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                          0o600, dir_fd=sfd)
             with os.fdopen(fd, "wb") as f:

@@ -14,7 +14,6 @@ checking: a reference comes from the command line or from an archive's
 manifest.json, and names a file in the store (refs/), so it is validated
 exactly, never normalised into something else."""
 import os
-import re
 
 from . import digest as digestmod
 from .digest import ImageError
@@ -24,11 +23,50 @@ DEFAULT_TAG = "latest"
 TRANSPORTS = ("docker", "oci", "oci-archive", "docker-archive")
 MAX_REF = 4096
 
-# The distribution spec's grammar (reference/regexp.go).
-_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*\Z")
-_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
-_HOST_LABEL = re.compile(r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])\Z")
-_IPV6 = re.compile(r"\[[0-9A-Fa-f:.]+\]\Z")
+# The distribution spec's grammar (reference/regexp.go), checked by hand:
+# `re` alone costs a cached `run` more than the rest of the image lookup.
+_LOWER_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_ALNUM = _LOWER_ALNUM | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_TAG_FIRST = _ALNUM | {"_"}
+_TAG_REST = _TAG_FIRST | {".", "-"}
+_LABEL = _ALNUM | {"-"}
+_IPV6_CHARS = frozenset("0123456789abcdefABCDEF:.")
+
+
+def _component_ok(c):
+    """[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*: alphanumeric runs joined by
+    '.', '_', '__' or one or more '-'."""
+    if not c or c[0] not in _LOWER_ALNUM or c[-1] not in _LOWER_ALNUM:
+        return False
+    sep = ""
+    for ch in c:
+        if ch in _LOWER_ALNUM:
+            if sep and sep not in (".", "_", "__") and sep.strip("-"):
+                return False
+            sep = ""
+        else:
+            sep += ch
+            if ch not in "._-" or len(sep) > 2 and sep.strip("-"):
+                return False
+    return True
+
+
+def _tag_ok(t):
+    """[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"""
+    return 0 < len(t) <= 128 and t[0] in _TAG_FIRST and _TAG_REST.issuperset(t)
+
+
+def _label_ok(lb):
+    """A host label: alphanumerics and '-', not starting or ending with '-'."""
+    return bool(lb) and lb[0] in _ALNUM and lb[-1] in _ALNUM and _LABEL.issuperset(lb)
+
+
+def _ipv6_ok(name):
+    """\\[[0-9A-Fa-f:.]+\\]"""
+    return len(name) > 2 and name[0] == "[" and name[-1] == "]" and \
+        _IPV6_CHARS.issuperset(name[1:-1])
+
+
 MAX_NAME = 255
 
 
@@ -80,10 +118,10 @@ def _host_ok(host):
         name, port = host, None
     elif not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         return False
-    if _IPV6.match(name):
+    if _ipv6_ok(name):
         return True
     labels = name.split(".")
-    return len(name) <= 253 and all(_HOST_LABEL.match(lb) for lb in labels)
+    return len(name) <= 253 and all(_label_ok(lb) for lb in labels)
 
 
 def parse_name(text, *, default_tag=True):
@@ -103,7 +141,7 @@ def parse_name(text, *, default_tag=True):
     colon = rest.rfind(":")
     if colon > slash:
         rest, tag = rest[:colon], rest[colon + 1:]
-        if not _TAG.match(tag):
+        if not _tag_ok(tag):
             _bad(text, f"bad tag {tag!r}: 1 to 128 of letters, digits, '_', '.', '-' "
                  "(not starting with '.' or '-')")
     parts = rest.split("/")
@@ -120,9 +158,9 @@ def parse_name(text, *, default_tag=True):
     if host == DEFAULT_HOST and len(comps) == 1:
         comps = ["library"] + comps
     for c in comps:
-        if not _COMPONENT.match(c):
+        if not _component_ok(c):
             why = "uppercase letters are not allowed in a repository name" \
-                if c.lower() != c and _COMPONENT.match(c.lower()) else \
+                if c.lower() != c and _component_ok(c.lower()) else \
                 f"bad repository component {c!r}: lowercase letters and digits " \
                 "separated by '.', '_', '__' or '-'"
             _bad(text, why)
@@ -165,7 +203,7 @@ def parse(text):
                              "not by digest")
                     tag = f"{host}/{repo}:{rtag}"
                 return ImageRef(t, path=path, tag=tag)
-            if tag is not None and not _TAG.match(tag):
+            if tag is not None and not _tag_ok(tag):
                 _bad(text, f"bad tag {tag!r} after the path",
                      f"{t}:PATH[:TAG]; a path holding ':' cannot be given this way")
             return ImageRef(t, path=path, tag=tag)

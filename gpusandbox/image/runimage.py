@@ -11,6 +11,7 @@ import sys
 from . import config as cfgmod
 from . import manifest as mf
 from . import ref as refmod
+from . import runrec
 from .digest import ImageError
 from .store import Store, default_root
 
@@ -87,21 +88,25 @@ def prepare(spec):
     else:
         ref = _store_name(spec.image)
     platform = mf.parse_platform(spec.platform) if spec.platform else None
-    from .progress import Progress
-    # A pull on a miss shows progress on a terminal, and as plain lines for a
-    # registry (minutes, in a batch log); a local import stays quiet.
-    mode = "tty" if sys.stderr.isatty() else "plain" if ref.transport == "docker" else "none"
-    st, dig = obtain(ref, stores(spec.store), platform, progress=Progress(mode))
+    all_stores = stores(spec.store)
+    hit = find(ref, all_stores) if ref.transport in ("store", "docker") else None
+    if hit is None:
+        from .progress import Progress
+        # A pull on a miss shows progress on a terminal, and as plain lines
+        # for a registry (minutes, in a batch log); a local import stays quiet.
+        mode = "tty" if sys.stderr.isatty() else "plain" if ref.transport == "docker" \
+            else "none"
+        hit = obtain(ref, all_stores, platform, progress=Progress(mode))
+    st, dig = hit
     # Held, never closed: rmi and prune leave the image alone while the
     # launcher (and the sandbox it waits for) lives.
     st.hold(dig)
-    rec = st.image_record(dig)
-    if not rec:
-        raise ImageError(f"image {dig} in {st.root} has no readable record", None,
-                         "remove it with 'gpusandbox rmi' and pull it again")
-    conf = cfgmod.parse(st.read_blob(rec["config"]))
+    conf = _run_config(st, dig)
     cfgmod.check_platform(conf, platform or mf.host_platform(), platform is not None)
     spec.image = st.bundle(dig)
+    # The plan takes Env and WorkingDir from here rather than parsing the
+    # bundle's config.json again (which says the same: both come from conf).
+    spec.image_env = (list(conf.env), conf.workdir or "/")
     spec.argv = cfgmod.command(conf, spec.argv, spec.entrypoint)
     if not spec.argv:
         raise ImageError(f"no command to run in {ref.canonical()}",
@@ -111,6 +116,24 @@ def prepare(spec):
             conf.user not in ("0", "root", "0:0", "root:root"):
         _user(spec, conf, st.bundle(dig) + "/rootfs")
     st.touch(dig)
+
+
+def _run_config(st, dig):
+    """The image's config for `run`: its run record (runrec.py, no JSON),
+    or the config blob parsed when the record is missing or unreadable
+    (an image pulled before records existed)."""
+    try:
+        conf = runrec.load(st.read_file(st.image_dir(dig) + "/" + runrec.NAME,
+                                        runrec.MAX_FILE + 1))
+    except OSError:
+        conf = None
+    if conf is not None:
+        return conf
+    rec = st.image_record(dig)
+    if not rec:
+        raise ImageError(f"image {dig} in {st.root} has no readable record", None,
+                         "remove it with 'gpusandbox rmi' and pull it again")
+    return cfgmod.parse(st.read_blob(rec["config"]))
 
 
 def _store_name(text):

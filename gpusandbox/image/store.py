@@ -23,12 +23,12 @@ staging directory are 0700, so a setuid file in an image is reachable by
 nobody else on the host."""
 import errno
 import fcntl
-import json
 import os
 import stat
 
 from . import digest as digestmod
 from . import manifest as mf
+from . import runrec
 from .digest import ImageError
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -62,6 +62,7 @@ def bundle_config(conf):
     """The OCI runtime bundle config.json next to rootfs/: the image's Env
     and WorkingDir, which `run` of the bundle reads as row 3 of the
     environment table and the default -w (plan._config_env checks it again)."""
+    import json
     proc = {"env": [f"{k}={v}" for k, v in conf.env], "cwd": conf.workdir or "/",
             "args": (conf.entrypoint or []) + (conf.cmd or [])}
     return json.dumps({"ociVersion": "1.0.2", "process": proc,
@@ -326,6 +327,7 @@ class Store:
             return False
 
     def image_record(self, dig):
+        import json
         try:
             return json.loads(self.read_file(self.image_dir(dig) + "/image.json"))
         except (OSError, ValueError):
@@ -394,6 +396,7 @@ class Store:
         digestmod.validate(dig)
         if not isinstance(name, str) or not name or "\0" in name or len(name) > 4096:
             raise ImageError(f"invalid image name {str(name)[:60]!r}", None)
+        import json
         data = json.dumps({"name": name, "digest": dig}).encode()
         tmp = self._staging_name("ref")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
@@ -407,11 +410,16 @@ class Store:
 
     def get_ref(self, name):
         try:
-            rec = json.loads(self.read_file("refs/" + escape(name), 1 << 16))
-        except FileNotFoundError:
+            data = self.read_file("refs/" + escape(name), 1 << 16)
+        except OSError:
             return None
-        except (OSError, ValueError):
-            return None
+        rec = runrec.ref_fast(data, name)
+        if rec is None:
+            import json
+            try:
+                rec = json.loads(data)
+            except ValueError:
+                return None
         if not isinstance(rec, dict) or rec.get("name") != name:
             return None
         try:
@@ -422,6 +430,7 @@ class Store:
 
     def refs(self):
         """[(name, digest)] of every ref."""
+        import json
         out = []
         rfd = os.open("refs", _DIR, dir_fd=self.fd)
         try:
