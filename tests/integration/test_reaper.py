@@ -47,7 +47,10 @@ def _leaves(parent):
 
 def _kill_and_check(p, marker, leaf, prog=None):
     assert wait_for(lambda: len(pids_with(marker)) >= 3), "sandbox did not start"
-    reapers = [pid for pid in pids_with(marker) if _comm(pid) == "gpusandbox-reap"]
+    # The reaper names itself once it first runs, which on a loaded machine
+    # can come after the sandbox's command has started.
+    reapers = wait_for(lambda: [pid for pid in pids_with(marker)
+                                if _comm(pid) == "gpusandbox-reap"])
     assert len(reapers) == 1, "no reaper next to the launcher"
     os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=10)
