@@ -235,25 +235,6 @@ def read_in_root(root, path, limit=64 << 20,
             os.close(rootfd)
 
 
-def listdir_in_root(root, path):
-    """Names in a directory of an untrusted tree, resolved inside it; [] when
-    it is missing or not a directory."""
-    rootfd, owned = tree_fd(root)
-    try:
-        fd = openat2(rootfd, path.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
-    except OSError:
-        return []
-    finally:
-        if owned:
-            os.close(rootfd)
-    try:
-        return os.listdir(fd)
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
-
-
 def kind_in_root(root, path):
     """"dir", "file" (regular), "other", or None when `path` does not resolve
     inside the tree."""

@@ -140,7 +140,6 @@ def test_read_in_root_takes_the_held_fd_and_stays_inside(tree):
         # An absolute link resolves in the image, not on the host.
         assert k.read_in_root(fd, "/etc/link") == b"A=1\n"
         assert k.read_in_root(fd, "/etc/passwd") is None
-        assert sorted(k.listdir_in_root(fd, "/etc")) == ["environment", "link"]
         assert k.kind_in_root(fd, "/etc") == "dir"
         assert k.kind_in_root(fd, "/etc/link") == "file"
         assert k.kind_in_root(fd, "/nx") is None
