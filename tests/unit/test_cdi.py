@@ -191,3 +191,25 @@ def test_nvidia_hooks_become_work_unknown_ones_warn():
     assert len(work.warnings) == 2
     assert "update-application-profile" in work.warnings[0]
     assert "other-hook" in work.warnings[1]
+
+
+def test_hook_paths_checked_links_kept_inside():
+    work = hooks.Work()
+    hooks.collect([{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+                    "args": ["nvidia-cdi-hook", "create-symlinks",
+                             "--link", "x::/usr/../../etc/x", "--link", "y::relative/y"]},
+                   {"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+                    "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "lib"]}], work)
+    assert work.links == [] and work.folders == [] and len(work.warnings) == 3
+
+
+def test_cuda_compat_used_only_when_newer_than_the_host(tmp_path):
+    compat = tmp_path / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    for n in ("libcuda.so.1", "libcuda.so.575.57.08", "libnvidia-ptxjitcompiler.so.1"):
+        (compat / n).write_text("")
+    assert sorted(hooks._image_compat(str(tmp_path), "550.54.15")) == [
+        "libcuda.so.1", "libcuda.so.575.57.08", "libnvidia-ptxjitcompiler.so.1"]
+    assert hooks._image_compat(str(tmp_path), "580.65.06") is None
+    (compat / "libcuda.so.570.26").write_text("")     # two: the toolkit uses none
+    assert hooks._image_compat(str(tmp_path), "550.54.15") is None

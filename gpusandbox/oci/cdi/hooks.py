@@ -97,9 +97,12 @@ def collect(hooks, work):
         for flag, val in _flags(args):
             if name == "create-symlinks" and flag == "link" and val and "::" in val:
                 target, _, link = val.partition("::")
+                if _bad_path(link, work, name) or "\0" in target or not target:
+                    continue
                 work.links.append((link, target))
             elif name == "update-ldcache" and flag == "folder" and val:
-                work.folders.append(val)
+                if not _bad_path(val, work, name):
+                    work.folders.append(val)
             elif name == "enable-cuda-compat" and flag == "host-driver-version" and val:
                 work.compat_host_version = val
             elif name == "disable-device-node-modification":
@@ -112,6 +115,18 @@ def collect(hooks, work):
                                      f"{'--' + flag if flag else val!r} ignored")
         if name == "disable-device-node-modification":
             work.params = True
+
+
+def _bad_path(path, work, name):
+    """A container path a hook names: absolute, no `..` (the link's target
+    may be relative; the launcher keeps it inside the root, CVE-2024-0134)."""
+    from gpusandbox.oci.cdi.spec import check_path
+    try:
+        check_path(path, name)
+    except ValueError as e:
+        work.warnings.append(f"warning: CDI hook {e}: skipped")
+        return True
+    return False
 
 
 def _image_compat(rootfd, host_version):
