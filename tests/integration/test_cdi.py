@@ -191,6 +191,18 @@ def test_toolkit_spec_runs_like_gpus(runner, cdi_sim, rootfs, shared_tmp):
     assert got["env"] == "from-spec void"
     warns = [ln for ln in r.stderr.splitlines() if "update-application-profile" in ln]
     assert len(warns) == 1 and warns[0].startswith("gpusandbox: warning: CDI hook"), r.stderr
+    # gpusandbox's own spec, with its NVIDIA-shaped hooks, round-trips too.
+    own = shared_tmp / "own"
+    own.mkdir()
+    assert cdi(runner.cli, "generate", "--driver-root", cdi_sim.root, "--output", str(own),
+               "--nvidia-cdi-hook-path", "/usr/bin/nvidia-cdi-hook").returncode == 0
+    r = runner.run(["--device", "nvidia.com/gpu=0", "--device", "nvidia.com/gpu=" +
+                    cdi_sim.gpus[0]["uuid"], str(rootfs), "sh", "-c", PROBE],
+                   env={"GPUSANDBOX_CDI_SPEC_DIRS": str(own)})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    got = probe(r.stdout)
+    for key in ("nodes", "libs", "libcuda", "/dev/nvidia0", "/dev/nvidia1", "params"):
+        assert got[key] == want[key], (key, got[key], want[key])
 
 
 def test_bad_specs_fail_before_launch(root_runner, cdi_sim, rootfs, shared_tmp):

@@ -213,3 +213,12 @@ def test_cuda_compat_used_only_when_newer_than_the_host(tmp_path):
     assert hooks._image_compat(str(tmp_path), "580.65.06") is None
     (compat / "libcuda.so.570.26").write_text("")     # two: the toolkit uses none
     assert hooks._image_compat(str(tmp_path), "550.54.15") is None
+
+
+def test_two_names_of_one_device_give_its_node_once(tmp_path):
+    node = {"path": "/dev/mynull", "hostPath": "/dev/null"}
+    write(str(tmp_path), "s.json", spec(devices=[
+        {"name": "0", "containerEdits": {"deviceNodes": [node]}},
+        {"name": "GPU-x", "containerEdits": {"deviceNodes": [node]}}]))
+    res = apply.resolve(["vendor.com/dev=0", "vendor.com/dev=GPU-x"], spec_dirs=[str(tmp_path)])
+    assert [n.path for n in res.edits.device_nodes] == ["/dev/mynull"] and len(res.rules) == 1

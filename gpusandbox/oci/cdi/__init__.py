@@ -16,8 +16,8 @@ API for the other front doors (OCI hook, runtime wrapper, OCI runtime):
            strategies=("index", "uuid"), caps=None, cdi_version=None,
            hook_path=None) -> dict
       A spec for this host's GPUs from gpu/inject.plan(), cdiVersion the
-      lowest its content needs.  generate.dump(doc, "json"|"yaml") and
-      generate.write(doc, path_or_dir, fmt) serialise it (atomic, 0644).
+      lowest its content needs.  produce.dump(doc, "json"|"yaml") and
+      produce.write(doc, path_or_dir, fmt) serialise it (atomic, 0644).
   spec.parse(bytes, name) -> (doc, lowest version); spec.validate(doc)
       Strict parsing (unknown fields are errors) and the version rules.
   registry.Registry(dirs), registry.parse_name(text)
@@ -25,7 +25,7 @@ API for the other front doors (OCI hook, runtime wrapper, OCI runtime):
 
 Modules: spec (model, strict parser, versions), registry (spec directories),
 apply (spec -> ContainerEdits), hooks (NVIDIA's hook commands done natively),
-generate (producer), cli (`gpusandbox cdi generate|list|check`).
+produce (the producer), cli (`gpusandbox cdi generate|list|check`).
 Nothing here is imported by a `run` without a CDI device.
 """
 
@@ -36,5 +36,5 @@ def resolve(names, spec_dirs=None, rootfd=None, environ=None):
 
 
 def generate(*args, **kw):
-    from gpusandbox.oci.cdi.generate import generate as _generate
+    from gpusandbox.oci.cdi.produce import generate as _generate
     return _generate(*args, **kw)

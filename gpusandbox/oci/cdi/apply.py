@@ -88,9 +88,16 @@ def _add(res, edits, where, work):
         res.edits.env[key] = value
     for node in edits.get("deviceNodes", ()):
         dn, rule = _node(node, where)
+        # Two names of one GPU (0 and GPU-...) give the same node once.
+        if any((n.path, n.major, n.minor) == (dn.path, dn.major, dn.minor)
+               for n in res.edits.device_nodes):
+            continue
         res.edits.device_nodes.append(dn)
         res.rules.append(rule)
     mounts = [_mount(m, where) for m in edits.get("mounts", ())]
+    mounts = [m for m in mounts if not any(
+        type(o) is type(m) and o.path == m.path and getattr(o, "host_path", None) ==
+        getattr(m, "host_path", None) for o in res.edits.mounts + res.edits.tmpfs)]
     res.edits.tmpfs += [m for m in mounts if isinstance(m, Tmpfs)]
     res.edits.mounts += [m for m in mounts if isinstance(m, Mount)]
     hookmod.collect(edits.get("hooks", ()), work)

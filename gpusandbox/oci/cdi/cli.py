@@ -34,7 +34,7 @@ def _dirs(args):
 
 
 def main_generate(argv):
-    from gpusandbox.oci.cdi import generate as gen
+    from gpusandbox.oci.cdi import produce as gen
     p = _parser("gpusandbox cdi generate")
     p.add_argument("--output", default="-")
     p.add_argument("--format", choices=("json", "yaml"), default=None)
@@ -59,6 +59,8 @@ def main_generate(argv):
         sys.stdout.write(gen.dump(doc, fmt))
         return 0
     try:
+        if a.output.endswith("/") or a.output in ("/etc/cdi", "/var/run/cdi", "/run/cdi"):
+            os.makedirs(a.output, mode=0o755, exist_ok=True)
         out = gen.write(doc, a.output, fmt)
     except OSError as e:
         raise SandboxError(f"cannot write {a.output}", e.strerror,
@@ -175,7 +177,7 @@ def main_check(argv):
     for spec in specs:
         problems = _spec_problems(spec, host)
         if host is not None and spec.kind.startswith("nvidia.com/"):
-            from gpusandbox.oci.cdi.generate import generate
+            from gpusandbox.oci.cdi.produce import generate
             vendor, _, cls = spec.kind.partition("/")
             try:
                 fresh = generate(a.driver_root, a.dev_root, vendor, cls,

@@ -226,7 +226,11 @@ def _mask_params(edits):
         names = []
     for name in names:
         if name == "nvidia":
-            for sub in sorted(os.listdir("/proc/driver/nvidia")):
+            try:
+                subs = sorted(os.listdir("/proc/driver/nvidia"))
+            except OSError:
+                subs = []
+            for sub in subs:
                 if sub != "params":
                     edits.mounts.append(Mount(f"/proc/driver/nvidia/{sub}",
                                               f"/proc/driver/nvidia/{sub}", RO_PROC))
