@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from .conftest import BASE, REPO, SimHost
+from .conftest import BASE, SimHost
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GO_MODULE = ("/usr/share/gocode/src/github.com/container-orchestrated-devices/"

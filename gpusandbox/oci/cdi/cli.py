@@ -145,7 +145,7 @@ def _device_changes(spec, fresh):
 
 def main_check(argv):
     from gpusandbox.oci.cdi.registry import Registry, Spec
-    from gpusandbox.oci.cdi.spec import SpecError, parse
+    from gpusandbox.oci.cdi.spec import parse
     p = _parser("gpusandbox cdi check")
     p.add_argument("specs", nargs="*", metavar="SPEC")
     p.add_argument("--driver-root", default="/")

@@ -46,7 +46,7 @@ def _names(dev, strategies):
     return list(dict.fromkeys(out))
 
 
-def _node(n, dev_root):
+def _node(n):
     d = {"path": n.path}
     if n.host_path != n.path:
         d["hostPath"] = n.host_path
@@ -76,7 +76,7 @@ def common_edits(host, inj, hook_path):
                for p in inj.firmware]
     mounts += [(hp, cp, opts) for cp, hp, opts in inj.configs + inj.ipc]
     edits = {
-        "deviceNodes": [_node(n, host.dev_root) for n in inj.nodes],
+        "deviceNodes": [_node(n) for n in inj.nodes],
         "mounts": [{"hostPath": hp, "containerPath": cp, "options": _opts(o)}
                    for hp, cp, o in mounts],
     }
@@ -109,7 +109,10 @@ def generate(driver_root="/", dev_root=None, vendor="nvidia.com", cls="gpu",
     if cdi_version is not None and cdi_version not in VERSIONS:
         raise UsageError(f"--cdi-version {cdi_version}", "not a released CDI version",
                          "use one of " + ", ".join(VERSIONS))
-    env = dict(environ if environ is not None else os.environ)
+    # The caller's NVIDIA_* selection variables are for a launch, not for a
+    # spec of the whole host: they must not change what the spec holds.
+    env = {k: v for k, v in (environ if environ is not None else os.environ).items()
+           if not k.startswith("NVIDIA_")}
     host = discover.discover(driver_root or "/", dev_root, environ=env)
     everything = inject.plan(host, select.resolve("all", caps, env, host))
     control = {n.path for n in inject.plan(host, select.resolve("none", caps, env, host)).nodes}
@@ -118,10 +121,10 @@ def generate(driver_root="/", dev_root=None, vendor="nvidia.com", cls="gpu",
         [(m, f"{m.gpu.index}:{m.gi}:{m.ci}") for m in host.migs]
     for dev, selector in picks:
         inj = inject.plan(host, select.resolve(selector, caps, env, host))
-        nodes = [_node(n, host.dev_root) for n in inj.nodes if n.path not in control]
+        nodes = [_node(n) for n in inj.nodes if n.path not in control]
         for name in _names(dev, strategies):
             devices.append({"name": name, "containerEdits": {"deviceNodes": nodes}})
-    all_nodes = [_node(n, host.dev_root) for n in everything.nodes if n.path not in control]
+    all_nodes = [_node(n) for n in everything.nodes if n.path not in control]
     devices.append({"name": "all", "containerEdits": {"deviceNodes": all_nodes}})
     common_inj = inject.plan(host, select.resolve("none", caps, env, host))
     doc = {"cdiVersion": LOWEST, "kind": f"{vendor}/{cls}", "devices": devices,
