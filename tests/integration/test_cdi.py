@@ -133,6 +133,47 @@ def test_generated_specs_pass_the_reference(cli, cdi_sim, validator, shared_tmp)
     assert f"{LIBDIR}/libcuda.so.{VERSION}" in [m["destination"] for m in oci["mounts"]]
 
 
+def test_edits_apply_in_the_references_order(validator, shared_tmp):
+    """Two specs, three devices, keys and paths named twice: the edits
+    gpusandbox makes are the ones the reference's InjectDevices makes."""
+    from gpusandbox.oci.cdi import resolve
+    d = shared_tmp / "order"
+    d.mkdir()
+    f1, f2 = shared_tmp / "f1", shared_tmp / "f2"
+    f1.write_text("1")
+    f2.mkdir()
+    a = {"cdiVersion": "0.5.0", "kind": "a.com/xx",
+         "containerEdits": {"env": ["K=specA", "S=a"],
+                            "mounts": [{"hostPath": str(f1), "containerPath": "/m/z"}]},
+         "devices": [
+             {"name": "d1", "containerEdits": {
+                 "env": ["K=d1"], "deviceNodes": [{"path": "/dev/cdi-a", "hostPath": "/dev/null"}],
+                 "mounts": [{"hostPath": str(f2), "containerPath": "/m"},
+                            {"hostPath": str(f1), "containerPath": "/m/b", "options": ["ro"]}]}},
+             {"name": "d2", "containerEdits": {
+                 "env": ["K=d2"], "deviceNodes": [{"path": "/dev/cdi-a", "hostPath": "/dev/zero"}],
+                 "mounts": [{"hostPath": str(f2), "containerPath": "/m/z"}]}}]}
+    b = {"cdiVersion": "0.5.0", "kind": "b.com/yy",
+         "containerEdits": {"env": ["K=specB"],
+                            "mounts": [{"hostPath": str(f1), "containerPath": "/a/b"}]},
+         "devices": [{"name": "e1", "containerEdits": {
+             "env": ["T=1"], "deviceNodes": [{"path": "/dev/cdi-b", "hostPath": "/dev/full"}]}}]}
+    (d / "a.json").write_text(json.dumps(a))
+    (d / "b.yaml").write_text(json.dumps(b))
+    names = ["b.com/yy=e1", "a.com/xx=d1", "a.com/xx=d2"]
+    r = subprocess.run([validator, "-dirs", str(d), "-inject", *names], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    ref = json.loads(r.stdout)
+    ours = resolve(names, spec_dirs=[str(d)]).edits
+    assert ours.env == dict(e.split("=", 1) for e in ref["process"]["env"]) == {
+        "K": "d2", "S": "a", "T": "1"}
+    assert [(m.path, m.host_path) for m in ours.mounts] == [
+        (m["destination"], m["source"]) for m in ref["mounts"]]
+    assert [(n.path, n.major, n.minor) for n in ours.device_nodes] == [
+        (x["path"], x["major"], x["minor"]) for x in ref["linux"]["devices"]]
+
+
 def toolkit_spec(sim, libs, dev_links, env_value):
     """A spec shaped like `nvidia-ctk cdi generate` output (YAML, index and
     uuid names, the driver's files at their own paths, createContainer hooks

@@ -137,7 +137,7 @@ def test_unknown_device_names_the_unusable_spec(tmp_path):
         registry.parse_name("vendor.com/dev=")
 
 
-def test_spec_edits_first_then_devices_in_order_mounts_by_depth(tmp_path):
+def test_spec_edits_before_its_first_device_mounts_by_depth(tmp_path):
     f = tmp_path / "lib"
     f.write_text("x")
     doc = spec(edits={"env": ["X=spec", "Y=spec"], "mounts": [

@@ -1,10 +1,11 @@
 """CDI devices -> ContainerEdits, in the reference's order.
 
-pkg/cdi (InjectDevices, ContainerEdits.Apply): the edits of every spec
-involved come first (once per spec), then each device's own, in the order
-the devices were named; within them env, device nodes, mounts (sorted by
-the depth of their container path, stably, so a parent is mounted before
-what goes inside it), hooks.  Host-side checks: every host path is absolute
+pkg/cdi (InjectDevices, ContainerEdits.Apply): for each device in the order
+named, its spec's own edits (the first time that spec is met), then the
+device's; env (a later key wins), device nodes and mounts (a later one at
+the same container path replaces the earlier), hooks.  Mounts end sorted
+by the depth of their container path, then the path, so a parent is
+mounted before what goes inside it.  Host-side checks: every host path is absolute
 without `..` (spec.py); every device node is a character device whose
 numbers match what the spec says (stat'ed here, and checked again by its
 opened inode in the init, as for --device); nothing the image holds is read
@@ -88,22 +89,27 @@ def _add(res, edits, where, work):
         res.edits.env[key] = value
     for node in edits.get("deviceNodes", ()):
         dn, rule = _node(node, where)
-        # Two names of one GPU (0 and GPU-...) give the same node once.
-        if any((n.path, n.major, n.minor) == (dn.path, dn.major, dn.minor)
-               for n in res.edits.device_nodes):
-            continue
+        # A later node at the same path replaces the earlier one, as the
+        # reference's RemoveDevice + AddDevice do (two names of one GPU give
+        # its node once).
+        res.edits.device_nodes = [n for n in res.edits.device_nodes if n.path != dn.path]
         res.edits.device_nodes.append(dn)
-        res.rules.append(rule)
-    mounts = [_mount(m, where) for m in edits.get("mounts", ())]
-    mounts = [m for m in mounts if not any(
-        type(o) is type(m) and o.path == m.path and getattr(o, "host_path", None) ==
-        getattr(m, "host_path", None) for o in res.edits.mounts + res.edits.tmpfs)]
-    res.edits.tmpfs += [m for m in mounts if isinstance(m, Tmpfs)]
-    res.edits.mounts += [m for m in mounts if isinstance(m, Mount)]
+        if rule not in res.rules:
+            res.rules.append(rule)
+    for m in edits.get("mounts", ()):
+        new = _mount(m, where)
+        # Likewise a later mount at the same container path (RemoveMount).
+        res.edits.mounts = [o for o in res.edits.mounts if o.path != new.path]
+        res.edits.tmpfs = [o for o in res.edits.tmpfs if o.path != new.path]
+        (res.edits.tmpfs if isinstance(new, Tmpfs) else res.edits.mounts).append(new)
     hookmod.collect(edits.get("hooks", ()), work)
     for key in ("additionalGids", "intelRdt", "netDevices"):
         if edits.get(key):
             res.warnings.append(f"warning: CDI {key} of {where} is not supported: ignored")
+
+
+def _depth(path):
+    return len([p for p in path.split("/") if p])
 
 
 def resolve(names, spec_dirs=None, rootfd=None, environ=None):
@@ -117,15 +123,16 @@ def resolve(names, spec_dirs=None, rootfd=None, environ=None):
     res.devices = [n for n, _, _ in found]
     work = hookmod.Work()
     done = []
-    for _, spec, _ in found:
+    for name, spec, dev in found:
+        # A spec's own edits just before its first device's (InjectDevices).
         if spec not in done:
             done.append(spec)
             if "containerEdits" in spec.doc:
                 _add(res, spec.doc["containerEdits"], spec.path, work)
-    for name, spec, dev in found:
         _add(res, dev["containerEdits"], f"{name} in {spec.path}", work)
-    # Shallow paths first: a mount inside another lands on top of it.
-    res.edits.mounts.sort(key=lambda m: len([p for p in m.path.split("/") if p]))
+    # Shallow paths first, so a mount inside another lands on top of it;
+    # ties by path (the reference's orderedMounts).
+    res.edits.mounts.sort(key=lambda m: (_depth(m.path), m.path))
     if rootfd is not None:
         hookmod.finish(work, res.edits, rootfd)
     res.warnings += work.warnings

@@ -106,6 +106,13 @@ def generate(driver_root="/", dev_root=None, vendor="nvidia.com", cls="gpu",
     if bad:
         raise UsageError(f"--device-name-strategy {bad[0]}", "unknown strategy",
                          "use index, uuid or type-index")
+    if len(vendor) < 2 or len(cls) < 2:
+        # Valid CDI, but the reference's name checks (pkg/cdi 0.5.2, inside
+        # Debian 12's podman) index past a one-character vendor or class and
+        # panic: no spec of ours may crash the runtimes that read it.
+        raise UsageError(f"--vendor/--class {vendor}/{cls}",
+                         "one-character vendor and class names crash CDI 0.5.2 readers",
+                         "use at least two characters, e.g. --class gpu")
     if cdi_version is not None and cdi_version not in VERSIONS:
         raise UsageError(f"--cdi-version {cdi_version}", "not a released CDI version",
                          "use one of " + ", ".join(VERSIONS))
