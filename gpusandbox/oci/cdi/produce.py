@@ -59,18 +59,26 @@ def common_edits(host, inj, hook_path):
     from gpusandbox.gpu import inject
     multiarch, _ = inject._LIBDIRS.get(os.uname().machine, inject._LIBDIRS["x86_64"])
     libdir = {64: f"/usr/lib/{multiarch}", 32: "/usr/lib/i386-linux-gnu"}
-    mounts, links, folders = [], {}, []
+    mounts, links, folders, sources = [], {}, [], {}
     for lib in inj.libs:
         d = libdir[lib.bits] + (f"/{lib.subdir}" if lib.subdir else "")
         mounts.append((lib.host_path, f"{d}/{lib.name}", inject.RO))
         soname = inject._soname(lib)
         if soname != lib.name and "/" not in soname:
             links[f"{d}/{soname}"] = lib.name
+            sources[f"{d}/{soname}"] = lib.host_path
             dev = f"{lib.family}.so"
             if not lib.subdir and soname != dev:
                 links[f"{d}/{dev}"] = soname
+                sources[f"{d}/{dev}"] = lib.host_path
         if not lib.subdir and libdir[lib.bits] not in folders:
             folders.append(libdir[lib.bits])
+    if not hook_path:
+        # No hook to make the links: the library itself is bound at its
+        # SONAME and development names too.  The multiarch directory is on
+        # the loader's built-in search path, so dlopen("libcuda.so.1") and
+        # nvidia-smi work without a loader cache entry.
+        mounts += [(sources[p], p, inject.RO) for p in links]
     mounts += [(p, f"/usr/bin/{n}", inject.RO) for n, p in inj.bins]
     mounts += [(p, f"/lib/firmware/nvidia/{host.version}/{os.path.basename(p)}", inject.RO)
                for p in inj.firmware]
