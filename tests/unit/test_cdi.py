@@ -222,3 +222,18 @@ def test_two_names_of_one_device_give_its_node_once(tmp_path):
         {"name": "GPU-x", "containerEdits": {"deviceNodes": [node]}}]))
     res = apply.resolve(["vendor.com/dev=0", "vendor.com/dev=GPU-x"], spec_dirs=[str(tmp_path)])
     assert [n.path for n in res.edits.device_nodes] == ["/dev/mynull"] and len(res.rules) == 1
+
+
+@pytest.mark.parametrize("edits, why", [
+    ({"deviceNodes": [{"path": "/opt/null", "hostPath": "/dev/null"}]}, "under /dev"),
+    ({"mounts": [{"hostPath": "/usr", "containerPath": "/"}]}, "container's root"),
+    ({"mounts": [{"hostPath": "/usr", "containerPath": "/u", "type": "overlay"}]},
+     "not supported"),
+    ({"mounts": [{"hostPath": "/usr", "containerPath": "/u", "options": ["bind", "suid"]}]},
+     "unsupported options suid"),
+])
+def test_edits_gpusandbox_refuses(tmp_path, edits, why):
+    write(str(tmp_path), "s.json", spec(devices=[{"name": "a", "containerEdits": edits}]))
+    with pytest.raises(SandboxError) as e:
+        apply.resolve(["vendor.com/dev=a"], spec_dirs=[str(tmp_path)])
+    assert why in e.value.why

@@ -39,6 +39,10 @@ class Result:
 
 def _node(node, where):
     host = node.get("hostPath") or node["path"]
+    if not node["path"].startswith("/dev/"):
+        # The sandbox's /dev is its own tmpfs; nodes go nowhere else.
+        raise SandboxError(f"CDI device node {node['path']} ({where})",
+                           "only paths under /dev are supported")
     try:
         st = os.stat(host)
     except OSError as e:
@@ -62,6 +66,9 @@ def _node(node, where):
 
 def _mount(mnt, where):
     kind = mnt.get("type", "bind")
+    if os.path.normpath(mnt["containerPath"]) == "/":
+        raise SandboxError(f"CDI mount of {mnt['hostPath']} ({where})",
+                           "a mount over the container's root is not supported")
     opts = list(mnt.get("options", ()))
     if kind == "tmpfs":
         return Tmpfs(mnt["containerPath"], ro="ro" in opts)
