@@ -237,3 +237,36 @@ def test_edits_gpusandbox_refuses(tmp_path, edits, why):
     with pytest.raises(SandboxError) as e:
         apply.resolve(["vendor.com/dev=a"], spec_dirs=[str(tmp_path)])
     assert why in e.value.why
+
+
+def test_update_ldcache_and_compat_build_the_cache(tmp_path):
+    """update-ldcache lists what the edits place in the folder (SONAME links
+    made, as ldconfig does), after the image's own entries; with
+    enable-cuda-compat the image's newer compat libcuda comes first."""
+    from gpusandbox.edits import ContainerEdits, Mount
+    from gpusandbox.gpu import ldcache
+    image = tmp_path / "image"
+    compat = image / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    (compat / "libcuda.so.575.57.08").write_text("")
+    (compat / "libcuda.so.1").write_text("")
+    (image / "etc").mkdir()
+    (image / "etc/ld.so.cache").write_bytes(ldcache.build(
+        [ldcache.Entry(b"libz.so.1", b"/usr/lib/x86_64-linux-gnu/libz.so.1")]))
+    lib = tmp_path / "libcuda.so.550.54.15"
+    lib.write_text("")
+    edits = ContainerEdits()
+    edits.mounts.append(Mount(str(lib), "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"))
+    work = hooks.Work()
+    hooks.collect([{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+                    "args": ["nvidia-cdi-hook", "update-ldcache", "--folder",
+                             "/usr/lib/x86_64-linux-gnu"]}], work)
+    hooks.finish(work, edits, str(image))
+    names = {e.name: e.path for e in ldcache.parse(edits.files[0].content)}
+    assert names[b"libz.so.1"] == b"/usr/lib/x86_64-linux-gnu/libz.so.1"
+    assert names[b"libcuda.so.550.54.15"] == b"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+    work.compat_host_version = "550.54.15"
+    edits.files.clear()
+    hooks.finish(work, edits, str(image))
+    names = {e.name: e.path for e in ldcache.parse(edits.files[0].content)}
+    assert names[b"libcuda.so.1"] == b"/usr/local/cuda/compat/libcuda.so.1"
