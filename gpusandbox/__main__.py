@@ -18,6 +18,8 @@ commands:
   info [--json]                               driver, CUDA ceiling, GPUs, isolation available here
   list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
   doctor [--gpus SEL] [IMAGE_DIR]             check launcher, driver and image, one line per check
+  cdi generate|list|check [options]           CDI specs: write one for this host's GPUs, list and
+                                              check those in /etc/cdi, /var/run/cdi (docs/cdi.md)
   sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)
   version                                     print the version
 """
@@ -56,6 +58,8 @@ def main(argv=None):
         return _report_cmd("gpusandbox.gpu.report", "main_list", rest)
     if cmd == "doctor":
         return _report_cmd("gpusandbox.doctor", "main", rest)
+    if cmd == "cdi":
+        return _report_cmd("gpusandbox.oci.cdi.cli", "main", rest)
     if cmd == "sim":
         return _report_cmd("gpusandbox.gpu.sim", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):

@@ -30,6 +30,8 @@ GPUs:
   --device HOST[:DST]         add a host character device (e.g. /dev/infiniband/uverbs0) at
                               DST under /dev (default: the same path, or /dev/NAME);
                               allowed through the device filter, checked by number
+  --device VENDOR/CLASS=NAME  a CDI device (e.g. nvidia.com/gpu=0) from the specs in /etc/cdi,
+                              /var/run/cdi (or $GPUSANDBOX_CDI_SPEC_DIRS); see docs/cdi.md
 Identity and namespaces:
   --root                      map the caller to uid 0 inside (rootless fakeroot)
   --userns auto|single|subids|host
@@ -121,6 +123,13 @@ def parse_device(value):
     return (host, os.path.normpath(dst))
 
 
+def is_cdi_name(value):
+    """VENDOR/CLASS=NAME (a CDI device) rather than HOST[:DST]: a host path
+    is absolute, a CDI kind never is.  The name is checked when resolved."""
+    kind, eq, _ = value.partition("=")
+    return bool(eq) and not value.startswith("/") and "/" in kind
+
+
 def parse_env_item(value):
     key = value.partition("=")[0]
     if not key or "\0" in value or not (key[0].isalpha() or key[0] == "_") or \
@@ -196,7 +205,10 @@ def parse_run_args(argv):
         elif attr == "env":
             spec.env_set.append(parse_env_item(val))
         elif attr == "device":
-            spec.devices.append(parse_device(val))
+            if is_cdi_name(val):
+                spec.cdi_devices.append(val)
+            else:
+                spec.devices.append(parse_device(val))
         elif attr == "env_file":
             spec.env_files.append(val)
         elif attr == "user":

@@ -313,6 +313,23 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     return edits.env
 
 
+def _cdi(plan, spec, rootfd, host_env):
+    """--device VENDOR/CLASS=NAME: CDI specs' edits (oci/cdi), imported only
+    when one is named.  Nodes come through the device filter by number, as
+    --device's do; a node GPU injection already gave is not added twice."""
+    if not spec.cdi_devices:
+        return {}
+    from .oci.cdi.apply import resolve
+    res = resolve(spec.cdi_devices, rootfd=rootfd, environ=host_env)
+    have = {(n.path, n.major, n.minor) for n in plan.edits.device_nodes}
+    res.edits.device_nodes = [n for n in res.edits.device_nodes
+                              if (n.path, n.major, n.minor) not in have]
+    plan.edits.extend(res.edits)
+    plan.device_rules = list(plan.device_rules or []) + res.rules
+    plan.warnings += res.warnings
+    return res.edits.env
+
+
 def _devices(plan, spec):
     """--device: host character devices added as edits, by number.
 
@@ -356,6 +373,7 @@ def build(spec, host_env=None):
         image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)
     gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
+    gpu_env = {**gpu_env, **_cdi(plan, spec, rootfd, host_env)}
     _devices(plan, spec)
     passwd = k.read_in_root(rootfd, "/etc/passwd", 4 << 20)
     home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",

@@ -26,7 +26,7 @@ class RunSpec:
         # process
         "workdir", "env_set", "env_files", "env_host", "tty", "verbose",
         # GPU and other devices
-        "devices", "gpus", "gpu_caps", "driver_root", "dev_root", "no_require",
+        "devices", "cdi_devices", "gpus", "gpu_caps", "driver_root", "dev_root", "no_require",
         # cgroup
         "cgroup_parent", "memory", "memory_swap", "pids_limit", "cpus", "best_effort",
         # security
@@ -55,6 +55,7 @@ class RunSpec:
         self.tty = False
         self.verbose = False
         self.devices = []           # --device HOST[:DST], in order
+        self.cdi_devices = []       # --device VENDOR/CLASS=NAME, in order
         self.gpus = None
         self.gpu_caps = None
         self.driver_root = None
