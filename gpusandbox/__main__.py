@@ -19,6 +19,9 @@ commands:
   list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
   doctor [--gpus SEL] [IMAGE_DIR]             check launcher, driver and image, one line per check
   sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)
+  hook STAGE | hook install [--dir DIR]       OCI hook: GPUs into a runc/crun/podman container
+  oci-filter                                  podman hooks.d precreate filter (config.json in/out)
+  runtime configure --runtime ENGINE          register gpusandbox-runtime with podman/docker/containerd
   version                                     print the version
 """
 
@@ -58,6 +61,12 @@ def main(argv=None):
         return _report_cmd("gpusandbox.doctor", "main", rest)
     if cmd == "sim":
         return _report_cmd("gpusandbox.gpu.sim", "main", rest)
+    if cmd == "hook":
+        return _report_cmd("gpusandbox.oci.hook", "main", rest)
+    if cmd == "oci-filter":
+        return _report_cmd("gpusandbox.oci.filter", "main", rest)
+    if cmd == "runtime":
+        return _report_cmd("gpusandbox.oci.runtimeconf", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):
         return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
     if cmd in ("version", "--version"):
