@@ -107,8 +107,10 @@ def open_rootfs(cfg, bundle_fd=None):
     if not isinstance(path, str) or not path:
         return None
     flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    if not path.startswith("/") and bundle_fd is None:
+        return None   # the filter sees no bundle: a relative root is not ours to guess
     try:
-        if path.startswith("/") or bundle_fd is None:
+        if path.startswith("/"):
             return os.open(path, flags)
         return os.open(path, flags, dir_fd=bundle_fd)
     except OSError:

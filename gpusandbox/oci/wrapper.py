@@ -126,15 +126,15 @@ def main(argv=None):
         try:
             edit_bundle(bundle or ".", os.environ)
         except SandboxError as e:
-            log_error(opts, "gpusandbox: " + e.line() + (f" (hint: {e.hint})" if e.hint else ""))
+            log_error(opts, e.line() + (f" (hint: {e.hint})" if e.hint else ""))
             return 1
         except OSError as e:
-            log_error(opts, f"gpusandbox: editing the bundle's config.json: {e}")
+            log_error(opts, f"editing the bundle's config.json: {e}")
             return 1
     try:
         os.execv(runtime, [runtime] + argv)
     except OSError as e:
-        log_error(opts, f"gpusandbox: cannot run {runtime}: {e.strerror}")
+        log_error(opts, f"cannot run {runtime}: {e.strerror}")
         return 1
 
 

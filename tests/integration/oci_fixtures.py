@@ -1,0 +1,137 @@
+"""Shared pieces of the OCI hook / filter / wrapper tests: a rootfs per test,
+runc bundles, a podman store per mode, the runtime-spec schema."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, VENV
+
+SCHEMA_DIR = Path("/usr/share/gocode/src/github.com/opencontainers/runtime-spec/schema")
+WRAPPER = str(VENV / "bin" / "gpusandbox-runtime")
+PYTHON = str(VENV / "bin" / "python3")
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8"}
+SHOW = ("for n in /dev/nvidia0 /dev/nvidia1; do "
+        "if [ -e $n ]; then cat $n 2>&1 | sed 's/^/open: /'; else echo absent $n; fi; done; "
+        "ls /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/bin/nvidia-smi 2>&1 | sed 's/^/ls: /'")
+
+
+def validator():
+    """A jsonschema validator for config.json from Debian's runtime-spec schema."""
+    jsonschema = pytest.importorskip("jsonschema")
+    if not (SCHEMA_DIR / "config-schema.json").exists():
+        pytest.skip("golang-github-opencontainers-specs-dev is not installed (scripts/test)")
+    schemas = {}
+    for p in SCHEMA_DIR.glob("*.json"):
+        schemas[p.name] = json.loads(p.read_text())
+    base = f"file://{SCHEMA_DIR}/"
+    top = dict(schemas["config-schema.json"], id=base + "config-schema.json")
+    try:
+        from referencing import Registry, Resource
+        from referencing.jsonschema import DRAFT4
+    except ImportError:   # jsonschema < 4.18
+        resolver = jsonschema.RefResolver(base + "config-schema.json", top,
+                                          store={base + n: s for n, s in schemas.items()})
+        return jsonschema.Draft4Validator(top, resolver=resolver)
+    reg = Registry().with_resources((base + n, Resource(contents=s, specification=DRAFT4))
+                                    for n, s in schemas.items())
+    return jsonschema.Draft4Validator(top, registry=reg)
+
+
+def assert_schema_valid(cfg):
+    errors = sorted(validator().iter_errors(cfg), key=str)
+    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors[:5])
+
+
+def make_rootfs(parent, owner=None):
+    root = Path(parent) / "rootfs"
+    subprocess.run([str(REPO / "scripts" / "mkrootfs"), str(root), "--no-python"],
+                   check=True, capture_output=True)
+    if owner is not None:
+        subprocess.run(["chown", "-R", f"{owner.pw_uid}:{owner.pw_gid}", str(parent)], check=True)
+    return root
+
+
+@pytest.fixture
+def oci_dir():
+    d = Path(tempfile.mkdtemp(prefix="gsbx-test-oci-"))
+    os.chmod(d, 0o755)
+    yield d
+    subprocess.run(["umount", "-R", "-l", str(d)], capture_output=True)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def runc_bundle(d, args, env=(), hooks=None, extra=None):
+    """A runc bundle at d (rootfs made there) running `args`, as root."""
+    make_rootfs(d)
+    subprocess.run([RUNC, "spec"], cwd=d, check=True)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["process"]["terminal"] = False
+    cfg["process"]["args"] = list(args)
+    cfg["process"]["env"] += list(env)
+    cfg["root"]["readonly"] = False
+    if hooks is not None:
+        cfg["hooks"] = hooks
+    cfg.update(extra or {})
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return cfg
+
+
+def runc_run(d, cid, timeout=60):
+    state = d / "runc-state"
+    try:
+        return subprocess.run([RUNC, "--root", str(state), "run", "--bundle", str(d), cid],
+                              capture_output=True, text=True, timeout=timeout, env=BASE_ENV,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        subprocess.run([RUNC, "--root", str(state), "delete", "-f", cid], capture_output=True)
+
+
+def shim(d, sim_root, target=WRAPPER):
+    """An executable that gives `target` the simulated host, as an admin's
+    /etc/gpusandbox/oci.conf would (podman passes the runtime no env)."""
+    p = Path(d) / "gpusandbox-runtime-sim"
+    p.write_text(f"#!/bin/sh\nexport GPUSANDBOX_DRIVER_ROOT={sim_root}\nexec {target} \"$@\"\n")
+    os.chmod(p, 0o755)
+    return str(p)
+
+
+class Podman:
+    """podman with a private store, as root or as the test user."""
+
+    def __init__(self, d, mode, user):
+        self.d, self.mode, self.user = Path(d), mode, user
+        self.store = self.d / f"podman-{mode}"
+        self.store.mkdir()
+        if mode == "rootless":
+            os.chown(self.store, user.pw_uid, user.pw_gid)
+
+    def argv(self, args):
+        s = self.store
+        cmd = ["podman", "--root", f"{s}/root", "--runroot", f"{s}/run", "--tmpdir", f"{s}/tmp",
+               "--storage-driver", "vfs", "--events-backend", "none",
+               "--cgroup-manager", "cgroupfs"] + list(args)
+        if self.mode == "rootless":
+            cmd = ["setpriv", f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
+                   "--clear-groups", "--"] + cmd
+        return cmd
+
+    def env(self):
+        env = dict(BASE_ENV, HOME=str(self.store))
+        if self.mode == "rootless":
+            env["XDG_RUNTIME_DIR"] = str(self.store / "xdg")
+        return env
+
+    def run_rootfs(self, rootfs, cmd, pre=(), env=(), timeout=120):
+        args = list(pre) + ["run", "--rm", "--network", "host", "--ulimit", "nofile=1024:1024",
+                            "--ulimit", "nproc=1024:1024"]
+        for e in env:
+            args += ["-e", e]
+        args += ["--rootfs", str(rootfs)] + list(cmd)
+        return subprocess.run(self.argv(args), capture_output=True, text=True, timeout=timeout,
+                              env=self.env(), cwd="/", stdin=subprocess.DEVNULL)
