@@ -82,9 +82,45 @@ def container_env(cfg):
     return out
 
 
+def _is_cdi_name(item):
+    """vendor/class=name, as CDI qualifies a device."""
+    kind, eq, name = item.partition("=")
+    return bool(eq and name and "/" in kind)
+
+
+def cdi_requests(cfg):
+    """Fully-qualified CDI device names the container asks for: the values of
+    its `cdi.k8s.io/*` annotations, and NVIDIA_VISIBLE_DEVICES items of that
+    form (the toolkit's CDI mode)."""
+    names = []
+    ann = cfg.get("annotations")
+    for k, v in (ann.items() if isinstance(ann, dict) else ()):
+        if isinstance(k, str) and k.startswith("cdi.k8s.io/") and isinstance(v, str):
+            names += [n.strip() for n in v.split(",") if n.strip()]
+    vis = container_env(cfg).get("NVIDIA_VISIBLE_DEVICES") or ""
+    names += [i.strip() for i in vis.split(",") if _is_cdi_name(i.strip())]
+    return list(dict.fromkeys(names))
+
+
+def resolve_cdi(names):
+    """ContainerEdits for CDI names, from the specs in /etc/cdi and
+    /var/run/cdi (gpusandbox.oci.cdi, the CDI consumer `run --device` uses)."""
+    try:
+        from gpusandbox.oci.cdi import resolve
+    except ImportError:
+        raise GpuError(f"CDI devices {', '.join(names)}",
+                       "this gpusandbox has no CDI support (gpusandbox.oci.cdi)",
+                       hint="ask with NVIDIA_VISIBLE_DEVICES=0,1 instead") from None
+    return resolve(names)
+
+
 def wants_gpu(cfg):
     v = container_env(cfg).get("NVIDIA_VISIBLE_DEVICES")
-    return v is not None and v.strip().lower() not in ("", "void")
+    if v is None:
+        return False
+    items = [i.strip() for i in v.split(",") if i.strip()]
+    return bool(items) and v.strip().lower() != "void" and \
+        not all(_is_cdi_name(i) for i in items)
 
 
 def selection(cfg, host):
@@ -262,8 +298,16 @@ def edit(cfg, environ, statedir, bundle_fd=None):
     if not isinstance(cfg, dict):
         raise UsageError("config.json", "not a JSON object")
     dropped = drop_legacy_hooks(cfg)
+    cdi = cdi_requests(cfg)
+    if cdi:
+        apply(cfg, resolve_cdi(cdi), statedir)
+        dropped = True
     if not wants_gpu(cfg):
         return cfg if dropped else None
+    vis = container_env(cfg)["NVIDIA_VISIBLE_DEVICES"]
+    if any(_is_cdi_name(i.strip()) for i in vis.split(",")):
+        raise UsageError(f"NVIDIA_VISIBLE_DEVICES={vis}", "mixes CDI names and GPU selectors",
+                         hint="use one form")
     host = discover_host(environ)
     sel = selection(cfg, host)
     if sel is None:

@@ -154,3 +154,37 @@ def test_selection_reads_only_gpu_variables():
                                "GPUSANDBOX_DRIVER_ROOT=/evil", "NVIDIA_VISIBLE_DEVICES=0"]}}
     assert configedit.container_env(cfg) == {"NVIDIA_VISIBLE_DEVICES": "0"}
     assert configedit.host_roots({"GPUSANDBOX_OCI_CONF": "/nonexistent"}) == ("/", None)
+
+
+def test_cdi_names_go_through_the_cdi_resolver(tmp_path, monkeypatch):
+    """cdi.k8s.io/* annotations and CDI names in NVIDIA_VISIBLE_DEVICES reach
+    gpusandbox.oci.cdi.resolve (the CDI consumer); its edits are written."""
+    import sys
+    import types
+    from gpusandbox.edits import ContainerEdits, DeviceNode, Mount
+    seen = []
+
+    def resolve(names):
+        seen.append(list(names))
+        e = ContainerEdits()
+        e.device_nodes.append(DeviceNode("/dev/vendor0", "/dev/vendor0", 240, 3))
+        e.mounts.append(Mount("/opt/vendor/lib.so", "/usr/lib/vendor.so"))
+        e.env["VENDOR"] = "1"
+        return e
+
+    fake = types.ModuleType("gpusandbox.oci.cdi")
+    fake.resolve = resolve
+    monkeypatch.setitem(sys.modules, "gpusandbox.oci.cdi", fake)
+    cfg = {"annotations": {"cdi.k8s.io/vendor": "example.com/dev=a,example.com/dev=b",
+                           "other": "x=y/z"},
+           "process": {"env": ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"]}}
+    out = configedit.edit(cfg, {}, str(tmp_path))
+    assert seen == [["example.com/dev=a", "example.com/dev=b", "nvidia.com/gpu=0"]]
+    assert out["linux"]["devices"][0]["path"] == "/dev/vendor0"
+    assert {"allow": True, "type": "c", "major": 240, "minor": 3, "access": "rwm"} in \
+        out["linux"]["resources"]["devices"]
+    assert out["mounts"][0]["destination"] == "/usr/lib/vendor.so"
+    assert "VENDOR=1" in out["process"]["env"]
+    cfg = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0,1"]}}
+    with pytest.raises(UsageError):
+        configedit.edit(cfg, {}, str(tmp_path))
