@@ -336,4 +336,3 @@ def dump(cfg):
     return json.dumps(cfg, indent=1).encode() + b"\n"
 
 
-__all__ = ["edit", "apply", "load", "dump", "host_roots", "GpuError"]

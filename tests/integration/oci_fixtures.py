@@ -57,11 +57,33 @@ def make_rootfs(parent, owner=None):
     return root
 
 
+def stop_pause_processes(d):
+    """Stop the pause process rootless podman left for each store under d:
+    the pid it recorded, only when that process is podman's and its HOME is
+    that store (never one of another test's)."""
+    for pidfile in Path(d).glob("**/tmp/pause.pid"):
+        store = pidfile.parent.parent
+        try:
+            pid = int(pidfile.read_text().strip())
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if comm.startswith("podman") and f"HOME={store}".encode() in env:
+            try:
+                os.kill(pid, 15)
+            except ProcessLookupError:
+                pass
+
+
 @pytest.fixture
 def oci_dir():
-    d = Path(tempfile.mkdtemp(prefix="gsbx-test-oci-"))
+    d = Path(tempfile.mkdtemp(prefix="gsbx-test-wrap-"))
     os.chmod(d, 0o755)
     yield d
+    stop_pause_processes(d)
     subprocess.run(["umount", "-R", "-l", str(d)], capture_output=True)
     shutil.rmtree(d, ignore_errors=True)
 
@@ -92,11 +114,21 @@ def runc_run(d, cid, timeout=60):
         subprocess.run([RUNC, "--root", str(state), "delete", "-f", cid], capture_output=True)
 
 
-def shim(d, sim_root, target=WRAPPER):
+# crun refuses hybrid cgroup layouts: it runs in a private mount namespace
+# whose /sys/fs/cgroup is a cgroup2 mount; the host's mounts stay as they are.
+CGROUP2_VIEW = ["unshare", "-m", "sh", "-c", "mount --make-rprivate / && "
+                "mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"", "sh"]
+CRUN = shutil.which("crun") or "/usr/bin/crun"
+
+
+def shim(d, sim_root, target=WRAPPER, runtime=None, name="gpusandbox-runtime-sim"):
     """An executable that gives `target` the simulated host, as an admin's
     /etc/gpusandbox/oci.conf would (podman passes the runtime no env)."""
-    p = Path(d) / "gpusandbox-runtime-sim"
-    p.write_text(f"#!/bin/sh\nexport GPUSANDBOX_DRIVER_ROOT={sim_root}\nexec {target} \"$@\"\n")
+    p = Path(d) / name
+    p.parent.mkdir(exist_ok=True)
+    rt = f"export GPUSANDBOX_OCI_RUNTIME={runtime}\n" if runtime else ""
+    p.write_text(f"#!/bin/sh\nexport GPUSANDBOX_DRIVER_ROOT={sim_root}\n{rt}"
+                 f"exec {target} \"$@\"\n")
     os.chmod(p, 0o755)
     return str(p)
 
@@ -104,9 +136,9 @@ def shim(d, sim_root, target=WRAPPER):
 class Podman:
     """podman with a private store, as root or as the test user."""
 
-    def __init__(self, d, mode, user):
-        self.d, self.mode, self.user = Path(d), mode, user
-        self.store = self.d / f"podman-{mode}"
+    def __init__(self, d, mode, user, view=False):
+        self.d, self.mode, self.user, self.view = Path(d), mode, user, view
+        self.store = self.d / ("pr" if mode == "root" else "pu")   # runroot <= 50 chars
         self.store.mkdir()
         if mode == "rootless":
             os.chown(self.store, user.pw_uid, user.pw_gid)
@@ -119,7 +151,7 @@ class Podman:
         if self.mode == "rootless":
             cmd = ["setpriv", f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
                    "--clear-groups", "--"] + cmd
-        return cmd
+        return (CGROUP2_VIEW if self.view else []) + cmd
 
     def env(self):
         env = dict(BASE_ENV, HOME=str(self.store))
@@ -127,9 +159,11 @@ class Podman:
             env["XDG_RUNTIME_DIR"] = str(self.store / "xdg")
         return env
 
-    def run_rootfs(self, rootfs, cmd, pre=(), env=(), timeout=120):
+    def run_rootfs(self, rootfs, cmd, pre=(), env=(), timeout=120, cgroups=True):
         args = list(pre) + ["run", "--rm", "--network", "host", "--ulimit", "nofile=1024:1024",
                             "--ulimit", "nproc=1024:1024"]
+        if not cgroups:
+            args += ["--cgroups", "disabled"]
         for e in env:
             args += ["-e", e]
         args += ["--rootfs", str(rootfs)] + list(cmd)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from .oci_fixtures import (BASE_ENV, PYTHON, RUNC, SHOW, Podman, assert_schema_valid,
+from .oci_fixtures import (BASE_ENV, CRUN, PYTHON, RUNC, SHOW, Podman, assert_schema_valid,
                            make_rootfs, oci_dir, runc_bundle, shim)  # noqa: F401 (fixture)
 from .conftest import CLI, MODES
 
@@ -116,6 +116,24 @@ def test_podman_through_wrapper(podman, sim_host):
                           pre=["--runtime", shim(podman.d, sim_host.root)])
     assert r.returncode == 0, r.stderr
     check_gpu0(r.stdout)
+
+
+def test_podman_through_wrapper_over_crun(cli, test_user, oci_dir, sim_host):
+    """The wrapper over crun, which runs in a cgroup2 view of this hybrid
+    host; podman allows --cgroups disabled (crun cannot raise RLIMIT_MEMLOCK
+    for its BPF device program here) only for a runtime named crun.  Root
+    and rootless in one test: one view namespace each."""
+    for mode in MODES:
+        sub = oci_dir / ("r" if mode == "root" else "u")
+        sub.mkdir()
+        podman = Podman(sub, mode, test_user, view=True)
+        (podman.d / "img").mkdir()
+        rootfs = _rootfs(podman)
+        rt = shim(podman.d / "rt", sim_host.root, runtime=CRUN, name="crun")
+        r = podman.run_rootfs(rootfs, ["sh", "-c", SHOW], env=["NVIDIA_VISIBLE_DEVICES=0"],
+                              pre=["--runtime", rt], cgroups=False)
+        assert r.returncode == 0, (mode, r.stderr)
+        check_gpu0(r.stdout)
 
 
 def test_podman_precreate_filter(podman, sim_host):
