@@ -125,6 +125,14 @@ def _open_sources(edits):
     return nodes, mounts
 
 
+def _real_root():
+    try:
+        with open("/proc/self/uid_map") as f:
+            return os.geteuid() == 0 and f.read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
 def _enter(pid):
     """setns into the container's mount namespace (and its user namespace
     first when it has its own)."""
@@ -163,12 +171,24 @@ def run(stage):
         edits = inject.build_edits(host, sel, rootfd)
     finally:
         os.close(rootfd)
-    nodes, mounts = _open_sources(edits)
-    if stage != "createContainer":
+    if stage == "createContainer":
+        # Run by the runtime inside the container's namespaces already.
+        nodes, mounts = _open_sources(edits)
+    else:
         pid = state.get("pid")
         if not isinstance(pid, int) or pid <= 0:
             raise GpuError("hook: OCI state", f"no container pid for the {stage} stage")
-        _enter(pid)
+        if _real_root():
+            nodes, mounts = _open_sources(edits)
+            _enter(pid)
+        else:
+            # Rootless runc: cloning a mount needs privilege over the mount
+            # namespace, which the caller has only in the container's (its
+            # own user namespace).  Before the runtime's pivot_root that
+            # namespace still shows the host's tree outside the root, and
+            # only the runtime has run in it.
+            _enter(pid)
+            nodes, mounts = _open_sources(edits)
     # In the container's namespace the root is the same path (runtimes bind
     # it onto itself before pivot_root, and hooks run before the pivot); it
     # is opened again there, and held.
@@ -256,3 +276,6 @@ if __name__ == "__main__":
     except SandboxError as e:
         sys.stderr.write(message(e))
         sys.exit(e.code)
+    except OSError as e:
+        sys.stderr.write(f"gpusandbox: error: hook: {e}\n")
+        sys.exit(125)

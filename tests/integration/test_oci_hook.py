@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from .conftest import CLI, host_mounts, tree_checksum
-from .oci_fixtures import SHOW, oci_dir, runc_bundle, runc_run  # noqa: F401 (fixture)
+from .oci_fixtures import (BASE_ENV, RUNC, SHOW, make_rootfs, oci_dir,  # noqa: F401
+                           runc_bundle, runc_run)
 
 PROC = "; ls /proc/driver/nvidia/gpus | sed 's/^/bus: /'"
 
@@ -174,3 +175,38 @@ def test_hook_links_swapped_during_injection(sim_host, oci_dir, canary):
     assert tree_checksum(canary) == before
     assert host_mounts() == mounts
     assert codes  # each run either injected or failed; none escaped
+
+
+def test_hook_rootless_runc(sim_host, oci_dir, canary, test_user):
+    """Rootless runc (the test user's own user namespace): the hook enters
+    it, injects GPU 0, and planted links still resolve inside the root."""
+    d = oci_dir
+    hook = hook_def(d, sim_host.root, "createRuntime")
+    make_rootfs(d)
+    root = d / "rootfs"
+    _plant(root, "/etc/ld.so.cache", str(canary / "secret"))
+    _plant(root, "/usr/lib/firmware", str(canary / "sub"))
+    as_user = ["setpriv", f"--reuid={test_user.pw_uid}", f"--regid={test_user.pw_gid}",
+               "--clear-groups", "--"]
+    subprocess.run(["chown", "-R", f"{test_user.pw_uid}:{test_user.pw_gid}", str(d)], check=True)
+    subprocess.run(as_user + [RUNC, "spec", "--rootless"], cwd=d, check=True)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["process"].update(terminal=False, args=["sh", "-c", SHOW])
+    cfg["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=0")
+    cfg["hooks"] = {"createRuntime": [hook]}
+    (d / "config.json").write_text(json.dumps(cfg))
+    before, mounts = tree_checksum(canary), host_mounts()
+    env = dict(BASE_ENV, HOME=str(d), XDG_RUNTIME_DIR=str(d / "xdg"))
+    r = subprocess.run(as_user + [RUNC, "--root", str(d / "state"), "run", "r1"],
+                       capture_output=True, text=True, env=env, cwd=d, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    subprocess.run(as_user + [RUNC, "--root", str(d / "state"), "delete", "-f", "r1"],
+                   capture_output=True, env=env)
+    assert tree_checksum(canary) == before
+    assert host_mounts() == mounts
+    assert r.returncode == 0, r.stderr
+    # No device cgroup for a rootless container on cgroup v1: the node opens
+    # as far as the (absent) driver.
+    assert "open: cat: /dev/nvidia0: No such device or address" in r.stdout, r.stdout
+    assert "absent /dev/nvidia1" in r.stdout
+    assert "ls: /usr/lib/x86_64-linux-gnu/libcuda.so.1\n" in r.stdout, r.stdout
