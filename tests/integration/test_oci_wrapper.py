@@ -153,6 +153,25 @@ def test_podman_precreate_filter(podman, sim_host):
     check_gpu0(r.stdout)
 
 
+def test_podman_hooks_d_hook(podman, sim_host):
+    """The OCI hook from podman's hooks.d (`hook install`), over runc: nodes
+    and files; the device cgroup is the runtime's (EPERM as root; rootless
+    podman on cgroup v1 has none)."""
+    hooks = podman.d / "hooks.d"
+    r = subprocess.run([CLI, "hook", "install", "--dir", str(hooks),
+                        "--driver-root", sim_host.root], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (podman.d / "img").mkdir()
+    rootfs = _rootfs(podman)
+    r = podman.run_rootfs(rootfs, ["sh", "-c", SHOW], env=["NVIDIA_VISIBLE_DEVICES=0"],
+                          pre=["--runtime", RUNC, "--hooks-dir", str(hooks)])
+    assert r.returncode == 0, r.stderr
+    why = "Operation not permitted" if podman.mode == "root" else "No such device or address"
+    assert f"open: cat: /dev/nvidia0: {why}" in r.stdout, r.stdout
+    assert "absent /dev/nvidia1" in r.stdout, r.stdout
+    assert "ls: /usr/lib/x86_64-linux-gnu/libcuda.so.1\n" in r.stdout, r.stdout
+
+
 def test_filter_output_schema_valid_and_untouched_without_gpu(cli, sim_host, oci_dir):
     d = oci_dir
     cfg = runc_bundle(d, ["true"], env=["NVIDIA_VISIBLE_DEVICES=GPU-" + "0" * 8 + "-nope"])
