@@ -78,14 +78,19 @@ def stop_pause_processes(d):
                 pass
 
 
+_STORES = []
+
+
 @pytest.fixture
 def oci_dir():
     d = Path(tempfile.mkdtemp(prefix="gsbx-test-wrap-"))
     os.chmod(d, 0o755)
     yield d
-    stop_pause_processes(d)
-    subprocess.run(["umount", "-R", "-l", str(d)], capture_output=True)
-    shutil.rmtree(d, ignore_errors=True)
+    for s in [d] + _STORES:
+        stop_pause_processes(s)
+        subprocess.run(["umount", "-R", "-l", str(s)], capture_output=True)
+        shutil.rmtree(s, ignore_errors=True)
+    del _STORES[:]
 
 
 def runc_bundle(d, args, env=(), hooks=None, extra=None):
@@ -138,8 +143,11 @@ class Podman:
 
     def __init__(self, d, mode, user, view=False):
         self.d, self.mode, self.user, self.view = Path(d), mode, user, view
-        self.store = self.d / ("pr" if mode == "root" else "pu")   # runroot <= 50 chars
-        self.store.mkdir()
+        # Under /tmp/gsbx-test-podman-*: the mounts podman makes there are
+        # not the host's (conftest.host_mounts leaves them out for tests
+        # running beside); the runroot path must stay under 50 characters.
+        self.store = Path(tempfile.mkdtemp(prefix="gsbx-test-podman-", dir="/tmp"))
+        _STORES.append(self.store)
         if mode == "rootless":
             os.chown(self.store, user.pw_uid, user.pw_gid)
 

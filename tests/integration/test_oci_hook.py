@@ -29,8 +29,8 @@ def hook_def(d, sim_root, stage):
     return doc["hook"]
 
 
-@pytest.mark.parametrize("stage", ["createRuntime", "prestart"])
-def test_hook_injects_selected_gpu(sim_host, oci_dir, stage):
+def test_hook_injects_selected_gpu(sim_host, oci_dir):
+    stage = "createRuntime"
     d = oci_dir
     hook = hook_def(d, sim_host.root, stage)
     runc_bundle(d, ["sh", "-c", SHOW + PROC], env=["NVIDIA_VISIBLE_DEVICES=0"],
@@ -101,6 +101,12 @@ def test_container_env_never_reaches_hook(sim_host, oci_dir):
     assert marker.exists(), "control: runc did not hand the container env to the hook"
 
 
+def _new_mounts_at(canary, before):
+    """Host mounts made since `before` on the canary (other tests on this
+    machine mount elsewhere at the same time)."""
+    return [m for m in host_mounts() if m not in before and str(canary) in m]
+
+
 @pytest.fixture
 def canary(oci_dir):
     c = oci_dir / "canary"
@@ -135,7 +141,7 @@ def test_hook_planted_links_stay_in_root(sim_host, oci_dir, canary):
     before, mounts = tree_checksum(canary), host_mounts()
     r = runc_run(d, "h-links")
     assert tree_checksum(canary) == before
-    assert host_mounts() == mounts
+    assert _new_mounts_at(canary, mounts) == []
     assert r.returncode == 0, r.stderr
     assert "ls: /usr/lib/x86_64-linux-gnu/libcuda.so.1\n" in r.stdout, r.stdout
 
@@ -168,20 +174,21 @@ def test_hook_links_swapped_during_injection(sim_host, oci_dir, canary):
     t = threading.Thread(target=racer, daemon=True)
     t.start()
     try:
-        codes = [runc_run(d, f"h-race{i}").returncode for i in range(4)]
+        codes = [runc_run(d, f"h-race{i}").returncode for i in range(2)]
     finally:
         stop.set()
         t.join()
     assert tree_checksum(canary) == before
-    assert host_mounts() == mounts
+    assert _new_mounts_at(canary, mounts) == []
     assert codes  # each run either injected or failed; none escaped
 
 
 def test_hook_rootless_runc(sim_host, oci_dir, canary, test_user):
-    """Rootless runc (the test user's own user namespace): the hook enters
-    it, injects GPU 0, and planted links still resolve inside the root."""
+    """Rootless runc (the test user's own user namespace): the hook, at the
+    legacy prestart stage, enters it, injects GPU 0, and planted links still
+    resolve inside the root."""
     d = oci_dir
-    hook = hook_def(d, sim_host.root, "createRuntime")
+    hook = hook_def(d, sim_host.root, "prestart")
     make_rootfs(d)
     root = d / "rootfs"
     _plant(root, "/etc/ld.so.cache", str(canary / "secret"))
@@ -193,7 +200,7 @@ def test_hook_rootless_runc(sim_host, oci_dir, canary, test_user):
     cfg = json.loads((d / "config.json").read_text())
     cfg["process"].update(terminal=False, args=["sh", "-c", SHOW])
     cfg["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=0")
-    cfg["hooks"] = {"createRuntime": [hook]}
+    cfg["hooks"] = {"prestart": [hook]}
     (d / "config.json").write_text(json.dumps(cfg))
     before, mounts = tree_checksum(canary), host_mounts()
     env = dict(BASE_ENV, HOME=str(d), XDG_RUNTIME_DIR=str(d / "xdg"))
@@ -203,7 +210,7 @@ def test_hook_rootless_runc(sim_host, oci_dir, canary, test_user):
     subprocess.run(as_user + [RUNC, "--root", str(d / "state"), "delete", "-f", "r1"],
                    capture_output=True, env=env)
     assert tree_checksum(canary) == before
-    assert host_mounts() == mounts
+    assert _new_mounts_at(canary, mounts) == []
     assert r.returncode == 0, r.stderr
     # No device cgroup for a rootless container on cgroup v1: the node opens
     # as far as the (absent) driver.

@@ -108,8 +108,11 @@ def _rootfs(podman):
     return make_rootfs(podman.d / "img", podman.user if podman.mode == "rootless" else None)
 
 
-def test_podman_through_wrapper(podman, sim_host):
-    """`podman --runtime gpusandbox-runtime run -e NVIDIA_VISIBLE_DEVICES=0`."""
+def test_podman_through_wrapper(cli, test_user, oci_dir, sim_host):
+    """`podman --runtime gpusandbox-runtime run -e NVIDIA_VISIBLE_DEVICES=0`
+    over runc as root: the device cgroup the runtime applies lets GPU 0
+    through (ENXIO) and nothing else.  Rootless: the crun test below."""
+    podman = Podman(oci_dir, "root", test_user)
     (podman.d / "img").mkdir()
     rootfs = _rootfs(podman)
     r = podman.run_rootfs(rootfs, ["sh", "-c", SHOW], env=["NVIDIA_VISIBLE_DEVICES=0"],
