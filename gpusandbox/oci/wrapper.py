@@ -13,7 +13,8 @@ import os
 import sys
 
 # Global options of runc and crun that take a value as the next argument.
-_VALUED = ("--root", "--log", "--log-format", "--criu", "--rootless", "--cgroup-manager")
+_VALUED = ("--root", "--log", "--log-format", "--log-level", "--criu", "--rootless",
+           "--cgroup-manager")
 _CREATE_VALUED = ("--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds")
 
 
