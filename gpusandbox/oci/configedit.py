@@ -102,16 +102,24 @@ def cdi_requests(cfg):
     return list(dict.fromkeys(names))
 
 
-def resolve_cdi(names):
-    """ContainerEdits for CDI names, from the specs in /etc/cdi and
-    /var/run/cdi (gpusandbox.oci.cdi, the CDI consumer `run --device` uses)."""
+def resolve_cdi(names, rootfd=None, environ=None):
+    """(ContainerEdits, extra device rules [(type, major, minor, access)]) for
+    CDI names, from the specs in /etc/cdi and /var/run/cdi
+    ($GPUSANDBOX_CDI_SPEC_DIRS of the caller): gpusandbox.oci.cdi, the CDI
+    consumer `run --device VENDOR/CLASS=NAME` uses."""
     try:
         from gpusandbox.oci.cdi import resolve
     except ImportError:
         raise GpuError(f"CDI devices {', '.join(names)}",
                        "this gpusandbox has no CDI support (gpusandbox.oci.cdi)",
                        hint="ask with NVIDIA_VISIBLE_DEVICES=0,1 instead") from None
-    return resolve(names)
+    res = resolve(names, rootfd=rootfd, environ=environ)
+    if not hasattr(res, "edits"):
+        return res, []
+    import sys
+    for line in getattr(res, "warnings", ()):
+        sys.stderr.write(f"gpusandbox: {line}\n")
+    return res.edits, list(getattr(res, "rules", ()))
 
 
 def wants_gpu(cfg):
@@ -240,7 +248,7 @@ def drop_legacy_hooks(cfg):
     return dropped
 
 
-def apply(cfg, edits, statedir):
+def apply(cfg, edits, statedir, extra_rules=()):
     """Write `edits` into the config dict (in place).  Unknown keys are left
     as they are; a destination the config already mounts is not mounted twice."""
     linux = _section(cfg, "linux", dict)
@@ -272,6 +280,10 @@ def apply(cfg, edits, statedir):
         rule = {"allow": True, "type": "c", "major": n.major, "minor": n.minor, "access": "rwm"}
         if rule not in rules:
             rules.append(rule)
+    for typ, major, minor, access in extra_rules:
+        rule = {"allow": True, "type": typ, "major": major, "minor": minor, "access": access}
+        if rule not in rules:
+            rules.append(rule)
     for m in edits.mounts:
         if m.path.startswith("/proc/"):
             continue
@@ -299,26 +311,28 @@ def edit(cfg, environ, statedir, bundle_fd=None):
         raise UsageError("config.json", "not a JSON object")
     dropped = drop_legacy_hooks(cfg)
     cdi = cdi_requests(cfg)
-    if cdi:
-        apply(cfg, resolve_cdi(cdi), statedir)
-        dropped = True
-    if not wants_gpu(cfg):
+    gpu = wants_gpu(cfg)
+    if not (cdi or gpu):
         return cfg if dropped else None
-    vis = container_env(cfg)["NVIDIA_VISIBLE_DEVICES"]
-    if any(_is_cdi_name(i.strip()) for i in vis.split(",")):
-        raise UsageError(f"NVIDIA_VISIBLE_DEVICES={vis}", "mixes CDI names and GPU selectors",
-                         hint="use one form")
-    host = discover_host(environ)
-    sel = selection(cfg, host)
-    if sel is None:
-        return cfg
+    if gpu:
+        vis = container_env(cfg)["NVIDIA_VISIBLE_DEVICES"]
+        if any(_is_cdi_name(i.strip()) for i in vis.split(",")):
+            raise UsageError(f"NVIDIA_VISIBLE_DEVICES={vis}", "mixes CDI names and GPU "
+                             "selectors", hint="use one form")
     rootfd = open_rootfs(cfg, bundle_fd)
     try:
-        edits = gpu_edits(host, sel, rootfd)
+        if cdi:
+            edits, rules = resolve_cdi(cdi, rootfd, environ)
+            apply(cfg, edits, statedir, rules)
+        if gpu:
+            host = discover_host(environ)
+            sel = selection(cfg, host)
+            if sel is not None:
+                apply(cfg, gpu_edits(host, sel, rootfd), statedir)
     finally:
         if rootfd is not None:
             os.close(rootfd)
-    return apply(cfg, edits, statedir)
+    return cfg
 
 
 def load(data):

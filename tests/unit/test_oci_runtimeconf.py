@@ -164,13 +164,17 @@ def test_cdi_names_go_through_the_cdi_resolver(tmp_path, monkeypatch):
     from gpusandbox.edits import ContainerEdits, DeviceNode, Mount
     seen = []
 
-    def resolve(names):
+    class Result:   # gpusandbox.oci.cdi.apply.Result's shape
+        def __init__(self, edits):
+            self.edits, self.rules, self.warnings = edits, [("c", 241, 7, "rw")], []
+
+    def resolve(names, spec_dirs=None, rootfd=None, environ=None):
         seen.append(list(names))
         e = ContainerEdits()
         e.device_nodes.append(DeviceNode("/dev/vendor0", "/dev/vendor0", 240, 3))
         e.mounts.append(Mount("/opt/vendor/lib.so", "/usr/lib/vendor.so"))
         e.env["VENDOR"] = "1"
-        return e
+        return Result(e)
 
     fake = types.ModuleType("gpusandbox.oci.cdi")
     fake.resolve = resolve
@@ -182,6 +186,8 @@ def test_cdi_names_go_through_the_cdi_resolver(tmp_path, monkeypatch):
     assert seen == [["example.com/dev=a", "example.com/dev=b", "nvidia.com/gpu=0"]]
     assert out["linux"]["devices"][0]["path"] == "/dev/vendor0"
     assert {"allow": True, "type": "c", "major": 240, "minor": 3, "access": "rwm"} in \
+        out["linux"]["resources"]["devices"]
+    assert {"allow": True, "type": "c", "major": 241, "minor": 7, "access": "rw"} in \
         out["linux"]["resources"]["devices"]
     assert out["mounts"][0]["destination"] == "/usr/lib/vendor.so"
     assert "VENDOR=1" in out["process"]["env"]
