@@ -11,6 +11,15 @@ from . import launchers as L
 from . import rootfs
 
 GPU = "0"
+CLEANUP = []     # files this section wrote outside its temp dir
+
+
+def cleanup():
+    while CLEANUP:
+        try:
+            os.unlink(CLEANUP.pop())
+        except FileNotFoundError:
+            pass
 
 
 def _base(exe, store, image_unused=None):
@@ -99,11 +108,23 @@ def rows(gsbx, gsbx_py, sim, image, tmp, mode, store, podman, crun, view, env, n
         out.append(L.Launcher(f"podman-gpu-{kind}-{mode}", "podman-gpu", mode, make,
                               view=view, note=note))
     # The CDI row needs a spec podman reads from /etc/cdi or /var/run/cdi
-    # (podman 4.3 has no per-call spec directory): `gpusandbox cdi generate`.
-    cdi = L.Launcher(f"podman-gpu-cdi-{mode}", "podman-gpu", mode, None, view=view)
-    has_cdi = subprocess.run([gsbx, "cdi", "--help"], capture_output=True).returncode == 0
-    out.append(cdi.skip("this gpusandbox has no `cdi generate`") if not has_cdi else
-               cdi.skip("not wired yet: the CDI spec row lands with the CDI producer"))
+    # (podman 4.3 has no per-call spec directory): `gpusandbox cdi generate`
+    # writes one there under a vendor name of this run's own, removed by
+    # cleanup().
+    cdi = L.Launcher(f"podman-gpu-cdi-{mode}", "podman-gpu", mode, None, view=view, note=note)
+    vendor = f"gsbx-bench-{os.getpid()}.example.com"
+    spec = f"/var/run/cdi/gsbx-bench-{os.getpid()}.json"
+    if not os.path.exists(spec):
+        p = subprocess.run([gsbx, "cdi", "generate", "--driver-root", sim, "--vendor", vendor,
+                            "--output", spec], capture_output=True, text=True)
+        if p.returncode != 0:
+            out.append(cdi.skip("gpusandbox cdi generate: " + (p.stderr.strip() or "failed")
+                                .splitlines()[0]))
+            return out
+        CLEANUP.append(spec)
+    argv = base + ["--runtime", crun] + _RUN + ["--device", f"{vendor}/gpu={GPU}"]
+    cdi.make_argv = lambda _i, cmd, argv=argv: argv + ["--rootfs", image, *cmd]
+    out.append(cdi)
     return out
 
 
