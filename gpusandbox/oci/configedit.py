@@ -24,9 +24,7 @@ container's NVIDIA_VISIBLE_DEVICES (that is the interface), and the driver
 and dev roots from the caller's environment or /etc/gpusandbox/oci.conf.
 The rootfs is only read, through read_in_root (openat2 RESOLVE_IN_ROOT).
 """
-import hashlib
 import os
-import tempfile
 
 from gpusandbox.errors import GpuError, UsageError
 
@@ -167,6 +165,7 @@ def gpu_edits(host, sel, rootfd):
     from gpusandbox.linux.sys import kind_in_root
     empty = None
     if rootfd is None:
+        import tempfile
         empty = tempfile.mkdtemp(prefix="gpusandbox-empty-")
         rootfd = os.open(empty, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -216,6 +215,8 @@ def _links_to_files(edits):
 
 def write_state_file(statedir, content, mode=0o444):
     """A content-addressed file in statedir (atomic); returns its path."""
+    import hashlib
+    import tempfile
     name = "ld.so.cache-" + hashlib.sha256(content).hexdigest()[:32]
     path = os.path.join(statedir, name)
     if os.path.exists(path):

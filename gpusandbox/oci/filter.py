@@ -67,11 +67,15 @@ def main(argv):
     if argv:
         raise configedit.UsageError(f"oci-filter {argv[0]}", "takes no arguments",
                                     hint="podman passes config.json on stdin")
-    data = sys.stdin.buffer.read(configedit.MAX_CONFIG + 1)
-    cfg = configedit.load(data)
-    out = configedit.edit(cfg, os.environ, state_dir(os.environ))
-    sys.stdout.buffer.write(data if out is None else configedit.dump(out))
-    sys.stdout.flush()
+    from gpusandbox.errors import SandboxError
+    try:
+        data = sys.stdin.buffer.read(configedit.MAX_CONFIG + 1)
+        cfg = configedit.load(data)
+        out = configedit.edit(cfg, os.environ, state_dir(os.environ))
+        sys.stdout.buffer.write(data if out is None else configedit.dump(out))
+        sys.stdout.flush()
+    except OSError as e:
+        raise SandboxError("oci-filter", e.strerror or str(e)) from None
     return 0
 
 

@@ -266,7 +266,11 @@ def main(argv):
         raise UsageError(f"hook {argv[0]}", "unknown stage",
                          hint="use prestart, createRuntime, createContainer or install")
     sanitize(argv)
-    return run(argv[0])
+    from gpusandbox.errors import SandboxError
+    try:
+        return run(argv[0])
+    except OSError as e:
+        raise SandboxError(f"hook {argv[0]}", str(e)) from None
 
 
 if __name__ == "__main__":

@@ -86,6 +86,14 @@ def test_wrapper_passthrough_and_no_gpu(cli, sim_host, oci_dir):
     v = subprocess.run([wrapper, "--version"], capture_output=True, text=True, env=BASE_ENV)
     assert v.stdout == subprocess.run([RUNC, "--version"], capture_output=True,
                                       text=True).stdout
+    # `state` (podman's most frequent call) reaches runc without Python.
+    trace = d / "trace"
+    subprocess.run(["strace", "-f", "-qq", "-e", "trace=execve", "-o", str(trace), wrapper,
+                    "--root", str(state), "--log-format", "json", "state", "nosuch"],
+                   capture_output=True, env=BASE_ENV)
+    execs = [ln for ln in trace.read_text().splitlines() if "execve(" in ln and "= 0" in ln]
+    assert len(execs) == 3 and "python" not in trace.read_text(), execs   # shim, entry, runc
+    assert f'execve("{RUNC}"' in execs[-1], execs
     cfg = json.loads(before)
     cfg["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=7")
     (d / "config.json").write_text(json.dumps(cfg))
