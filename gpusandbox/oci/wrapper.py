@@ -1,5 +1,5 @@
 """The runtime wrapper (bin/gpusandbox-runtime), in the role of
-nvidia-container-runtime: on `create`, the bundle's config.json gets the
+nvidia-container-runtime: on `create` (and `run`), the bundle's config.json gets the
 GPUs its NVIDIA_VISIBLE_DEVICES asks for (configedit, rewritten atomically,
 unknown keys kept, the toolkit's legacy prestart hook dropped); then the
 real runtime (runc or crun) is exec'd with the arguments unchanged.
@@ -53,7 +53,7 @@ def parse(argv):
             break
         i += 1
     bundle, cid = None, None
-    if cmd == "create":
+    if cmd in ("create", "run"):
         while i < len(argv):
             a = argv[i]
             if a in _CREATE_VALUED and i + 1 < len(argv):
@@ -122,7 +122,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     runtime = real_runtime(os.environ)
     cmd, opts, bundle, _cid = parse(argv)
-    if cmd == "create":
+    if cmd in ("create", "run"):
         from gpusandbox.errors import SandboxError
         try:
             edit_bundle(bundle or ".", os.environ)

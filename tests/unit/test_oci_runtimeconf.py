@@ -133,6 +133,7 @@ def test_bad_input_leaves_file(tmp_path):
     (["--root", "create", "state", "x"], ("state", None, None)),
     (["state", "create"], ("state", None, None)),
     (["create", "id4"], ("create", None, "id4")),
+    (["--debug", "run", "-d", "--bundle", "/b5", "id5"], ("run", "/b5", "id5")),
 ])
 def test_wrapper_parse(argv, want):
     cmd, _opts, bundle, cid = wrapper.parse(argv)
