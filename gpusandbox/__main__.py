@@ -21,6 +21,9 @@ commands:
   cdi generate|list|check [options]           CDI specs: write one for this host's GPUs, list and
                                               check those in /etc/cdi, /var/run/cdi (docs/cdi.md)
   sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)
+  hook STAGE | hook install [--dir DIR]       OCI hook: GPUs into a runc/crun/podman container
+  oci-filter                                  podman hooks.d precreate filter (config.json in/out)
+  runtime configure --runtime ENGINE          register gpusandbox-runtime with podman/docker/containerd
   version                                     print the version
 """
 
@@ -62,6 +65,12 @@ def main(argv=None):
         return _report_cmd("gpusandbox.oci.cdi.cli", "main", rest)
     if cmd == "sim":
         return _report_cmd("gpusandbox.gpu.sim", "main", rest)
+    if cmd == "hook":
+        return _report_cmd("gpusandbox.oci.hook", "main", rest)
+    if cmd == "oci-filter":
+        return _report_cmd("gpusandbox.oci.filter", "main", rest)
+    if cmd == "runtime":
+        return _report_cmd("gpusandbox.oci.runtimeconf", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):
         return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
     if cmd in ("version", "--version"):

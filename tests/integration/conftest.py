@@ -231,9 +231,10 @@ def tree_checksum(root):
 
 
 # Mounts that peers make in the host's namespace while the benchmark smoke
-# tests run beside other tests (podman's overlay storage under the bench's
-# own temp dir, which those tests check is gone at their end): not ours.
-_PEER_MOUNTS = ("/tmp/gsbx-bench-",)
+# tests and the podman tests (tests/integration/oci_fixtures.py) run beside
+# other tests (podman's storage under their own temp dirs, removed at their
+# end): not ours.
+_PEER_MOUNTS = ("/tmp/gsbx-bench-", "/tmp/gsbx-test-podman-")
 
 
 def host_mounts():

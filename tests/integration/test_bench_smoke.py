@@ -36,7 +36,7 @@ def bench(tmp_path_factory):
     user_before = _user_exists("gsbench")
     out = tmp_path_factory.mktemp("bench") / "results.json"
     p = subprocess.run([BENCH, "--runs", "2", "--concurrency", "5", "--no-install",
-                        "--no-images",
+                        "--no-images", "--no-oci",
                         "--gpusandbox", GSBX[0], "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
     return {"proc": p, "json": out,

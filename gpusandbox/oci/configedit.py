@@ -1,0 +1,353 @@
+"""GPU injection written into an OCI config.json (the wrapper and the filter).
+
+The edits come from the one code path `run` uses (gpu.select -> gpu.inject
+build_edits -> ContainerEdits); this module only translates them into the
+runtime-spec's terms:
+
+  device nodes  -> linux.devices (host node at the same path) or a bind mount
+                   of the host node (a simulated or relocated dev root), plus
+                   a linux.resources.devices allow rule for each, so the
+                   runtime's own cgroup device filter grants exactly them;
+  mounts        -> read-only bind mounts (nosuid, nodev);
+  symlinks      -> a bind mount of the file the link leads to (a config.json
+                   cannot create links, and no hook has to run in the image);
+  /etc/ld.so.cache -> a file generated on the host (in the bundle, or a state
+                   directory) bound read-only over the image's;
+  env           -> process.env.
+
+What lives under /proc (the /proc/driver mask and the per-GPU proc entries)
+has no config.json form that runc accepts (it refuses mounts under /proc);
+the GPU works without them: NVML and CUDA read /dev and sysfs.
+
+Nothing from config.json decides a host path: the selection comes from the
+container's NVIDIA_VISIBLE_DEVICES (that is the interface), and the driver
+and dev roots from the caller's environment or /etc/gpusandbox/oci.conf.
+The rootfs is only read, through read_in_root (openat2 RESOLVE_IN_ROOT).
+"""
+import os
+
+from gpusandbox.errors import GpuError, UsageError
+
+CONF = "/etc/gpusandbox/oci.conf"
+# The container variables that select GPUs, the same ones `run` reads from
+# the caller: nothing else of the container's environment is looked at.
+SELECT_VARS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+               "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
+# The toolkit's legacy prestart hook (nvidia-container-runtime adds it): it
+# would inject a second time, with the toolkit's own guards.
+LEGACY_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit")
+MAX_CONFIG = 16 << 20
+_RO = ["bind", "ro", "nosuid", "nodev"]
+
+
+def read_conf(path=CONF):
+    """{key: value} of the `key = value` lines of /etc/gpusandbox/oci.conf
+    ({} without one).  A tiny format, read by the wrapper's shell entry too."""
+    out = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#") and "=" in line:
+                    k, _, v = line.partition("=")
+                    out[k.strip()] = v.strip()
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def host_roots(environ):
+    """(driver_root, dev_root) from the caller's GPUSANDBOX_DRIVER_ROOT /
+    GPUSANDBOX_DEV_ROOT, else oci.conf's driver-root / dev-root, else / and
+    None (the driver root's /dev)."""
+    conf = read_conf(environ.get("GPUSANDBOX_OCI_CONF") or CONF)
+    drv = environ.get("GPUSANDBOX_DRIVER_ROOT") or conf.get("driver-root") or "/"
+    dev = environ.get("GPUSANDBOX_DEV_ROOT") or conf.get("dev-root") or None
+    return drv, dev
+
+
+def container_env(cfg):
+    """The selection variables of the config's process.env (last one wins, as
+    execve's consumers see it)."""
+    out = {}
+    proc = cfg.get("process") if isinstance(cfg, dict) else None
+    env = proc.get("env") if isinstance(proc, dict) else None
+    for item in env if isinstance(env, list) else ():
+        if isinstance(item, str):
+            k, eq, v = item.partition("=")
+            if eq and k in SELECT_VARS:
+                out[k] = v
+    return out
+
+
+def _is_cdi_name(item):
+    """vendor/class=name, as CDI qualifies a device."""
+    kind, eq, name = item.partition("=")
+    return bool(eq and name and "/" in kind)
+
+
+def cdi_requests(cfg):
+    """Fully-qualified CDI device names the container asks for: the values of
+    its `cdi.k8s.io/*` annotations, and NVIDIA_VISIBLE_DEVICES items of that
+    form (the toolkit's CDI mode)."""
+    names = []
+    ann = cfg.get("annotations")
+    for k, v in (ann.items() if isinstance(ann, dict) else ()):
+        if isinstance(k, str) and k.startswith("cdi.k8s.io/") and isinstance(v, str):
+            names += [n.strip() for n in v.split(",") if n.strip()]
+    vis = container_env(cfg).get("NVIDIA_VISIBLE_DEVICES") or ""
+    names += [i.strip() for i in vis.split(",") if _is_cdi_name(i.strip())]
+    return list(dict.fromkeys(names))
+
+
+def resolve_cdi(names, rootfd=None, environ=None):
+    """(ContainerEdits, extra device rules [(type, major, minor, access)]) for
+    CDI names, from the specs in /etc/cdi and /var/run/cdi
+    ($GPUSANDBOX_CDI_SPEC_DIRS of the caller): gpusandbox.oci.cdi, the CDI
+    consumer `run --device VENDOR/CLASS=NAME` uses."""
+    try:
+        from gpusandbox.oci.cdi import resolve
+    except ImportError:
+        raise GpuError(f"CDI devices {', '.join(names)}",
+                       "this gpusandbox has no CDI support (gpusandbox.oci.cdi)",
+                       hint="ask with NVIDIA_VISIBLE_DEVICES=0,1 instead") from None
+    res = resolve(names, rootfd=rootfd, environ=environ)
+    if not hasattr(res, "edits"):
+        return res, []
+    import sys
+    for line in getattr(res, "warnings", ()):
+        sys.stderr.write(f"gpusandbox: {line}\n")
+    return res.edits, list(getattr(res, "rules", ()))
+
+
+def wants_gpu(cfg):
+    v = container_env(cfg).get("NVIDIA_VISIBLE_DEVICES")
+    if v is None:
+        return False
+    items = [i.strip() for i in v.split(",") if i.strip()]
+    return bool(items) and v.strip().lower() != "void" and \
+        not all(_is_cdi_name(i) for i in items)
+
+
+def selection(cfg, host):
+    """The Selection the container's NVIDIA_VISIBLE_DEVICES asks for, or None."""
+    from gpusandbox.gpu import select
+    return select.resolve(None, None, container_env(cfg), host)
+
+
+def discover_host(environ):
+    from gpusandbox.gpu.discover import discover
+    drv, dev = host_roots(environ)
+    return discover(drv, dev, environ={})
+
+
+def open_rootfs(cfg, bundle_fd=None):
+    """Held O_PATH fd of the config's root.path (relative to the bundle), or
+    None when it is not there yet (podman's precreate stage)."""
+    root = cfg.get("root")
+    path = root.get("path") if isinstance(root, dict) else None
+    if not isinstance(path, str) or not path:
+        return None
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    if not path.startswith("/") and bundle_fd is None:
+        return None   # the filter sees no bundle: a relative root is not ours to guess
+    try:
+        if path.startswith("/"):
+            return os.open(path, flags)
+        return os.open(path, flags, dir_fd=bundle_fd)
+    except OSError:
+        return None
+
+
+def gpu_edits(host, sel, rootfd):
+    """ContainerEdits for `sel` placed in the image at rootfd (read only)."""
+    from gpusandbox.gpu import inject
+    from gpusandbox.linux.sys import kind_in_root
+    empty = None
+    if rootfd is None:
+        import tempfile
+        empty = tempfile.mkdtemp(prefix="gpusandbox-empty-")
+        rootfd = os.open(empty, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        edits = inject.build_edits(host, sel, rootfd)
+        has_cache = kind_in_root(rootfd, "/etc/ld.so.cache") == "file"
+    finally:
+        if empty is not None:
+            os.close(rootfd)
+            os.rmdir(empty)
+    if not has_cache:
+        # Without the image's own cache, ours would hide every library the
+        # image has outside ld.so's default directories; the driver's are in
+        # those directories, which ld.so searches without a cache.
+        edits.files = [f for f in edits.files if f.path != "/etc/ld.so.cache"]
+    return edits
+
+
+def _section(obj, key, kind):
+    v = obj.get(key)
+    if v is None:
+        v = obj[key] = kind()
+    if not isinstance(v, kind):
+        raise UsageError("config.json", f"{key} is not a JSON {kind.__name__}")
+    return v
+
+
+def _links_to_files(edits):
+    """{container path: host path} for each symlink whose target is a file
+    the edits bind (followed through links), so a bind mount replaces it."""
+    files = {m.path: m.host_path for m in edits.mounts}
+    links = {ln.path: ln.target for ln in edits.symlinks}
+    out = {}
+    for path in links:
+        cur = path
+        for _ in range(8):
+            target = links[cur]
+            nxt = target if target.startswith("/") else \
+                os.path.normpath(os.path.join(os.path.dirname(cur), target))
+            if nxt in files:
+                out[path] = files[nxt]
+                break
+            if nxt not in links:
+                break
+            cur = nxt
+    return out
+
+
+def write_state_file(statedir, content, mode=0o444):
+    """A content-addressed file in statedir (atomic); returns its path."""
+    import hashlib
+    import tempfile
+    name = "ld.so.cache-" + hashlib.sha256(content).hexdigest()[:32]
+    path = os.path.join(statedir, name)
+    if os.path.exists(path):
+        return path
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=statedir)
+    try:
+        os.write(fd, content)
+        os.fchmod(fd, mode)
+        os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def drop_legacy_hooks(cfg):
+    """Remove the toolkit's legacy hook from every stage; True when one was."""
+    hooks = cfg.get("hooks")
+    dropped = False
+    if isinstance(hooks, dict):
+        for stage, lst in list(hooks.items()):
+            if not isinstance(lst, list):
+                continue
+            keep = [h for h in lst if not (isinstance(h, dict) and isinstance(h.get("path"), str)
+                                           and os.path.basename(h["path"]) in LEGACY_HOOKS)]
+            if len(keep) != len(lst):
+                dropped = True
+                hooks[stage] = keep
+    return dropped
+
+
+def apply(cfg, edits, statedir, extra_rules=()):
+    """Write `edits` into the config dict (in place).  Unknown keys are left
+    as they are; a destination the config already mounts is not mounted twice."""
+    linux = _section(cfg, "linux", dict)
+    devices = _section(linux, "devices", list)
+    resources = _section(linux, "resources", dict)
+    rules = _section(resources, "devices", list)
+    mounts = _section(cfg, "mounts", list)
+    proc = _section(cfg, "process", dict)
+    env = _section(proc, "env", list)
+    taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
+    have_dev = {d.get("path") for d in devices if isinstance(d, dict)}
+
+    def bind(src, dst, opts):
+        if dst not in taken:
+            taken.add(dst)
+            mounts.append({"destination": dst, "type": "bind", "source": src,
+                           "options": list(opts)})
+
+    for n in edits.device_nodes:
+        if n.host_path == n.path:
+            if n.path not in have_dev:
+                devices.append({"path": n.path, "type": "c", "major": n.major,
+                                "minor": n.minor, "fileMode": 0o666, "uid": 0, "gid": 0})
+                have_dev.add(n.path)
+        else:
+            # Not at its own path on the host: runtimes only create or bind
+            # a linux.devices node from the same path, so it is bound.
+            bind(n.host_path, n.path, ["bind", "rw", "nosuid", "noexec"])
+        rule = {"allow": True, "type": "c", "major": n.major, "minor": n.minor, "access": "rwm"}
+        if rule not in rules:
+            rules.append(rule)
+    for typ, major, minor, access in extra_rules:
+        rule = {"allow": True, "type": typ, "major": major, "minor": minor, "access": access}
+        if rule not in rules:
+            rules.append(rule)
+    for m in edits.mounts:
+        if m.path.startswith("/proc/"):
+            continue
+        opts = ["bind"] + [o for o in m.options if o in ("ro", "rw", "nosuid", "nodev", "noexec")]
+        bind(m.host_path, m.path, opts)
+    for path, host_path in _links_to_files(edits).items():
+        bind(host_path, path, _RO)
+    for f in edits.files:
+        if f.path == "/etc/ld.so.cache":
+            bind(write_state_file(statedir, f.content, f.mode), f.path, _RO)
+    keys = {e.partition("=")[0]: i for i, e in enumerate(env) if isinstance(e, str)}
+    for k, v in edits.env.items():
+        item = f"{k}={v}"
+        if k in keys:
+            env[keys[k]] = item
+        else:
+            env.append(item)
+    return cfg
+
+
+def edit(cfg, environ, statedir, bundle_fd=None):
+    """The whole edit for one config: None when the container asks for no
+    GPU (the caller then leaves the file as it is), else the edited dict."""
+    if not isinstance(cfg, dict):
+        raise UsageError("config.json", "not a JSON object")
+    dropped = drop_legacy_hooks(cfg)
+    cdi = cdi_requests(cfg)
+    gpu = wants_gpu(cfg)
+    if not (cdi or gpu):
+        return cfg if dropped else None
+    if gpu:
+        vis = container_env(cfg)["NVIDIA_VISIBLE_DEVICES"]
+        if any(_is_cdi_name(i.strip()) for i in vis.split(",")):
+            raise UsageError(f"NVIDIA_VISIBLE_DEVICES={vis}", "mixes CDI names and GPU "
+                             "selectors", hint="use one form")
+    rootfd = open_rootfs(cfg, bundle_fd)
+    try:
+        if cdi:
+            edits, rules = resolve_cdi(cdi, rootfd, environ)
+            apply(cfg, edits, statedir, rules)
+        if gpu:
+            host = discover_host(environ)
+            sel = selection(cfg, host)
+            if sel is not None:
+                apply(cfg, gpu_edits(host, sel, rootfd), statedir)
+    finally:
+        if rootfd is not None:
+            os.close(rootfd)
+    return cfg
+
+
+def load(data):
+    import json
+    if len(data) > MAX_CONFIG:
+        raise UsageError("config.json", f"larger than {MAX_CONFIG >> 20} MiB")
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise UsageError("config.json", f"not valid JSON: {e}") from None
+
+
+def dump(cfg):
+    import json
+    return json.dumps(cfg, indent=1).encode() + b"\n"
+
+

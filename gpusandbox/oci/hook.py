@@ -1,0 +1,285 @@
+"""`gpusandbox hook prestart|createRuntime|createContainer` and `hook install`.
+
+The OCI hook in the role of nvidia-container-runtime-hook: the runtime
+hands the container's state on stdin; the bundle's config.json says which
+GPUs (NVIDIA_VISIBLE_DEVICES in process.env, `run`'s selection semantics);
+the same ContainerEdits `run` builds are applied to the live container:
+device nodes, driver files, links and the loader cache.
+
+The hook runs as root on the host with the container's root in reach: the
+CVE-2024-0132 class.  So every host source is opened and cloned (open_tree)
+before anything of the container is touched, the container's mount
+namespace is entered with setns (the pid from the state), the root is held
+as a directory fd and every target inside it is reached with openat2
+RESOLVE_IN_ROOT or RESOLVE_BENEATH|NO_SYMLINKS (linux.mounts), and mounts
+are attached to those fds: a link swapped during injection can only make
+the hook fail, never mount or write outside the root.  The init stage's
+own _apply_edits does the mounting: one code path with `run`.
+
+Nothing of the container's environment reaches the hook (CVE-2025-23266):
+`hook install` registers `python3 -I` with an explicit env, and main()
+re-executes itself with a clean one before importing anything else when it
+finds loader or Python variables.
+
+A prestart/createRuntime hook cannot grant device access: the runtime has
+applied the container's cgroup device rules (cgroup v1 devices, v2 BPF)
+before hooks run.  The nodes are there; opening them needs the rules the
+wrapper or the filter writes into config.json (docs/hook.md).
+"""
+import os
+import sys
+
+STAGES = ("prestart", "createRuntime", "createContainer")
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_KEEP = ("GPUSANDBOX_DRIVER_ROOT", "GPUSANDBOX_DEV_ROOT", "GPUSANDBOX_OCI_CONF")
+_DANGEROUS = ("LD_", "PYTHON", "GCONV_PATH", "LOCPATH", "MALLOC_", "GLIBC_TUNABLES",
+              "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "TMPDIR")
+_REEXEC = "GPUSANDBOX_HOOK_CLEAN"
+MAX_STATE = 1 << 20
+
+
+def clean_env(environ):
+    """The hook's environment: PATH fixed, the gpusandbox root variables
+    kept, nothing else."""
+    env = {"PATH": SAFE_PATH}
+    env.update({k: environ[k] for k in _KEEP if k in environ})
+    return env
+
+
+def sanitize(argv):
+    """Re-execute as `python3 -I -m gpusandbox.oci.hook` with clean_env()
+    when the environment holds anything beyond it, or Python did not start
+    isolated.  Called before any import that loads libraries."""
+    extra = [k for k in os.environ if k not in _KEEP and k != "PATH" and k != _REEXEC]
+    bad = [k for k in extra if k.startswith(_DANGEROUS)]
+    if os.environ.get(_REEXEC) == "1":
+        if bad:
+            raise SystemExit("gpusandbox: error: hook: the clean environment still holds "
+                             + ", ".join(bad))
+        return
+    if not extra and sys.flags.isolated:
+        os.chdir("/")
+        return
+    env = clean_env(os.environ)
+    env[_REEXEC] = "1"
+    os.chdir("/")
+    os.execve(sys.executable, [sys.executable, "-I", "-m", "gpusandbox.oci.hook"] + argv, env)
+
+
+def _read_state():
+    import json
+    from gpusandbox.errors import UsageError
+    data = sys.stdin.buffer.read(MAX_STATE + 1)
+    try:
+        state = json.loads(data)
+    except ValueError as e:
+        raise UsageError("hook: OCI state on stdin", f"not valid JSON: {e}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("bundle"), str) \
+            or not state["bundle"].startswith("/"):
+        raise UsageError("hook: OCI state on stdin", "no absolute bundle path")
+    return state
+
+
+def _load_config(bundle_fd):
+    from gpusandbox.oci import configedit
+    fd = os.open("config.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=bundle_fd)
+    with os.fdopen(fd, "rb") as f:
+        return configedit.load(f.read(configedit.MAX_CONFIG + 1))
+
+
+def _root_path(cfg, bundle):
+    from gpusandbox.errors import UsageError
+    root = cfg.get("root")
+    path = root.get("path") if isinstance(root, dict) else None
+    if not isinstance(path, str) or not path:
+        raise UsageError("hook: config.json", "no root.path")
+    return os.path.normpath(os.path.join(bundle, path))
+
+
+class _Plan:
+    """What init._apply_edits reads of a launch plan."""
+
+    class spec:
+        rootfs_mode = "overlay"
+
+    def __init__(self, edits):
+        self.edits = edits
+
+
+def _open_sources(edits):
+    """Clones of every host source, taken in the host's mount namespace
+    before the container's is entered (stages.init._open_sources' way)."""
+    from gpusandbox.linux import mounts as m
+    nodes = []
+    for node in edits.device_nodes:
+        fd = m.open_host_node(node.host_path, node.major, node.minor)
+        try:
+            nodes.append((node, m.clone_tree("", recursive=False, dirfd=fd)))
+        finally:
+            os.close(fd)
+    mounts = []
+    for mnt in edits.mounts:
+        if mnt.kind is None:
+            mnt.kind = "dir" if os.path.isdir(mnt.host_path) else "file"
+        mounts.append((mnt, m.clone_tree(mnt.host_path, recursive=False)))
+    return nodes, mounts
+
+
+def _real_root():
+    try:
+        with open("/proc/self/uid_map") as f:
+            return os.geteuid() == 0 and f.read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
+def _enter(pid):
+    """setns into the container's mount namespace (and its user namespace
+    first when it has its own)."""
+    from gpusandbox.linux import sys as k
+    for ns, flag in (("user", k.CLONE_NEWUSER), ("mnt", k.CLONE_NEWNS)):
+        fd = os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.stat(f"/proc/self/ns/{ns}").st_ino == os.fstat(fd).st_ino:
+                continue
+            k.syscall("setns", fd, flag)
+        finally:
+            os.close(fd)
+
+
+def run(stage):
+    from gpusandbox.errors import GpuError
+    from gpusandbox.gpu import inject
+    from gpusandbox.oci import configedit
+    from gpusandbox.stages.init import _apply_edits
+    state = _read_state()
+    bundle = state["bundle"]
+    bfd = os.open(bundle, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        cfg = _load_config(bfd)
+    finally:
+        os.close(bfd)
+    if not configedit.wants_gpu(cfg):
+        return 0
+    host = configedit.discover_host(os.environ)
+    sel = configedit.selection(cfg, host)
+    if sel is None:
+        return 0
+    root = _root_path(cfg, bundle)
+    rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        edits = inject.build_edits(host, sel, rootfd)
+    finally:
+        os.close(rootfd)
+    if stage == "createContainer":
+        # Run by the runtime inside the container's namespaces already.
+        nodes, mounts = _open_sources(edits)
+    else:
+        pid = state.get("pid")
+        if not isinstance(pid, int) or pid <= 0:
+            raise GpuError("hook: OCI state", f"no container pid for the {stage} stage")
+        if _real_root():
+            nodes, mounts = _open_sources(edits)
+            _enter(pid)
+        else:
+            # Rootless runc: cloning a mount needs privilege over the mount
+            # namespace, which the caller has only in the container's (its
+            # own user namespace).  Before the runtime's pivot_root that
+            # namespace still shows the host's tree outside the root, and
+            # only the runtime has run in it.
+            _enter(pid)
+            nodes, mounts = _open_sources(edits)
+    # In the container's namespace the root is the same path (runtimes bind
+    # it onto itself before pivot_root, and hooks run before the pivot); it
+    # is opened again there, and held.
+    rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _apply_edits(_Plan(edits), rootfd, nodes, mounts)
+    finally:
+        os.close(rootfd)
+    return 0
+
+
+def install(argv):
+    """`hook install [--dir DIR] [--stage createRuntime|prestart|precreate]
+    [--driver-root DIR] [--dev-root DIR]`: an oci-hooks 1.0.0 JSON for
+    podman's hooks.d.  --stage precreate registers the config filter
+    (`oci-filter`) instead of the hook."""
+    import json
+    from gpusandbox.errors import UsageError
+    opts = {"--dir": "/etc/containers/oci/hooks.d", "--stage": "createRuntime",
+            "--driver-root": None, "--dev-root": None}
+    it = iter(argv)
+    for a in it:
+        k, eq, v = a.partition("=")
+        if k not in opts:
+            raise UsageError(f"hook install {a}", "unknown option",
+                             hint="options: " + ", ".join(opts))
+        if not eq:
+            v = next(it, None)
+            if v is None:
+                raise UsageError(f"hook install {k}", "needs a value")
+        opts[k] = v
+    stage = opts["--stage"]
+    if stage not in STAGES + ("precreate",):
+        raise UsageError(f"hook install --stage {stage}", "unknown stage",
+                         hint="use createRuntime, prestart, createContainer or precreate")
+    env = {"PATH": SAFE_PATH}
+    for opt, var in (("--driver-root", "GPUSANDBOX_DRIVER_ROOT"),
+                     ("--dev-root", "GPUSANDBOX_DEV_ROOT")):
+        if opts[opt]:
+            env[var] = os.path.abspath(opts[opt])
+    py = sys.executable
+    mod = "gpusandbox.oci.filter" if stage == "precreate" else "gpusandbox.oci.hook"
+    args = [py, "-I", "-m", mod] + ([] if stage == "precreate" else [stage])
+    doc = {"version": "1.0.0",
+           "hook": {"path": py, "args": args, "env": [f"{k}={v}" for k, v in env.items()],
+                    "timeout": 30},
+           "when": {"always": True},
+           "stages": [stage]}
+    name = "gpusandbox-filter.json" if stage == "precreate" else "gpusandbox-hook.json"
+    os.makedirs(opts["--dir"], mode=0o755, exist_ok=True)
+    path = os.path.join(opts["--dir"], name)
+    tmp = path + f".tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.chmod(tmp, 0o644)
+    os.rename(tmp, path)
+    sys.stderr.write(f"gpusandbox: wrote {path}\n")
+    return 0
+
+
+USAGE = """usage: gpusandbox hook prestart|createRuntime|createContainer  (OCI state on stdin)
+       gpusandbox hook install [--dir DIR] [--stage STAGE] [--driver-root DIR] [--dev-root DIR]
+"""
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0 if argv else 125
+    if argv[0] == "install":
+        return install(argv[1:])
+    if argv[0] not in STAGES:
+        from gpusandbox.errors import UsageError
+        raise UsageError(f"hook {argv[0]}", "unknown stage",
+                         hint="use prestart, createRuntime, createContainer or install")
+    sanitize(argv)
+    from gpusandbox.errors import SandboxError
+    try:
+        return run(argv[0])
+    except OSError as e:
+        raise SandboxError(f"hook {argv[0]}", str(e)) from None
+
+
+if __name__ == "__main__":
+    from gpusandbox.errors import SandboxError, message
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except SandboxError as e:
+        sys.stderr.write(message(e))
+        sys.exit(e.code)
+    except OSError as e:
+        sys.stderr.write(f"gpusandbox: error: hook: {e}\n")
+        sys.exit(125)
