@@ -19,6 +19,7 @@ commands:
   list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
   doctor [--gpus SEL] [IMAGE_DIR]             check launcher, driver and image, one line per check
   sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)
+  mps up|down|status [--gpus SEL] [--exclusive]  the caller's MPS daemons (docs/sharing.md)
   version                                     print the version
 """
 
@@ -56,6 +57,8 @@ def main(argv=None):
         return _report_cmd("gpusandbox.gpu.report", "main_list", rest)
     if cmd == "doctor":
         return _report_cmd("gpusandbox.doctor", "main", rest)
+    if cmd == "mps":
+        return _report_cmd("gpusandbox.gpu.mpscli", "main", rest)
     if cmd == "sim":
         return _report_cmd("gpusandbox.gpu.sim", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):

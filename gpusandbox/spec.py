@@ -27,6 +27,7 @@ class RunSpec:
         "workdir", "env_set", "env_files", "env_host", "tty", "verbose",
         # GPU and other devices
         "devices", "gpus", "gpu_caps", "driver_root", "dev_root", "no_require",
+        "cuda_compat", "gpu_memory", "gpu_compute",
         # cgroup
         "cgroup_parent", "memory", "memory_swap", "pids_limit", "cpus", "best_effort",
         # security
@@ -60,6 +61,9 @@ class RunSpec:
         self.driver_root = None
         self.dev_root = None
         self.no_require = False
+        self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)
+        self.gpu_memory = None       # --gpu-memory text, checked by gpu/share.py
+        self.gpu_compute = None      # --gpu-compute text
         self.cgroup_parent = None
         self.memory = None
         self.memory_swap = None

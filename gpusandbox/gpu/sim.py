@@ -35,6 +35,7 @@ NVIDIA_MAJOR = 195
 UVM_MAJOR = 508   # dynamic majors are handed out from 511 down (fs/char_dev.c)
 CAPS_MAJOR = 511
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
+GEFORCE_MODEL = "NVIDIA GeForce RTX 4090"
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "simsrc")
 _PLACEHOLDER = b"libgpusandbox-sim-soname-" + b"X" * 39  # 64 bytes, see generic.c
 
@@ -474,6 +475,8 @@ def _install(root, info, build, pad):
     tool = _read(os.path.join(build, "tool"))
     for name in BINARIES:
         _write(os.path.join(root, "usr/bin", name), tool, 0o755)
+    from gpusandbox.gpu import simmps
+    simmps.install(root, _write)
     for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         _write(os.path.join(root, "lib/firmware/nvidia", info["driver_version"], name),
                hashlib.shake_256(f"{name}:{info['driver_version']}".encode()).digest(8192))
@@ -537,7 +540,10 @@ def main(argv=None):
     c.add_argument("--gpus", type=int, default=4)
     c.add_argument("--driver-version", default="550.54.15")
     c.add_argument("--cuda-version", default="12.4")
-    c.add_argument("--model", default=DEFAULT_MODEL)
+    c.add_argument("--model", help=f"the GPUs' model name (default {DEFAULT_MODEL!r}, "
+                   "or a GeForce's with --brand geforce)")
+    c.add_argument("--brand", choices=("datacenter", "geforce"), default="datacenter",
+                   help="the GPUs' brand, which decides forward compatibility (gpu/compat.py)")
     c.add_argument("--mig", metavar="GPU:GI:CI[:PROFILE],...", help="MIG devices to create")
     c.add_argument("--no-uvm", action="store_true", help="as if nvidia-uvm were not loaded")
     c.add_argument("--pad-ldcache", type=int, default=0, metavar="N",
@@ -551,7 +557,9 @@ def main(argv=None):
         destroy(args.dir)
         return 0
     info = create(args.dir, gpus=args.gpus, driver_version=args.driver_version,
-                  cuda_version=args.cuda_version, model=args.model, mig=args.mig,
+                  cuda_version=args.cuda_version,
+                  model=args.model or (GEFORCE_MODEL if args.brand == "geforce" else DEFAULT_MODEL),
+                  mig=args.mig,
                   uvm=not args.no_uvm, pad_ldcache=args.pad_ldcache, lib_version=args.lib_version)
     if args.json:
         print(json.dumps(info, indent=1))
