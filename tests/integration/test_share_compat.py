@@ -252,3 +252,15 @@ def test_compat_refused_where_nvidia_does_not_support_it(runner, sim_host, gefor
     assert r.returncode == 0 and r.stdout.strip() == str([f"{COMPAT}/libcuda.so.560.35.03"])
     r = _maps(runner, geforce_host, compat_images["ok"], "--no-require")
     assert r.returncode == 0 and r.stdout.strip() == str([HOST_LIBCUDA]), r.stdout + r.stderr
+
+
+def test_gpu_check_mps_fails_cleanly_without_a_gpu(cli, shared_tmp):
+    if os.path.exists("/proc/driver/nvidia/version"):
+        pytest.skip("this machine has an NVIDIA driver: scripts/gpu-check-mps runs for real")
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "OUT": str(shared_tmp), "GSBX_BIN": cli}
+    r = subprocess.run([str(REPO / "scripts" / "gpu-check-mps")], capture_output=True,
+                       text=True, timeout=60, env=env, cwd="/")
+    want = ("gpu-check-mps: FAILED: no NVIDIA driver loaded (/proc/driver/nvidia/version is "
+            "missing): this check needs a GPU machine")
+    assert r.returncode == 1 and r.stdout.strip().splitlines() == [want], r.stdout + r.stderr
+    assert (shared_tmp / "gpu-check-mps.log").read_text().strip() == want
