@@ -215,6 +215,11 @@ def _spawn(exe, env, shm):
             k.mount(None, "/", None, _MS_REC | _MS_SLAVE)
             k.mount(shm, "/dev/shm", None, _MS_BIND)
             os.chdir("/")
+            # The daemon outlives the launch: it must not hold the caller's
+            # stdio (a `$(gpusandbox run ...)` would wait for it).
+            null = os.open(os.devnull, os.O_RDWR)
+            for n in (0, 1, 2):
+                os.dup2(null, n)
             os.execve(exe, [exe, "-d"], env)
         except BaseException as e:
             try:

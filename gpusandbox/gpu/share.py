@@ -199,3 +199,33 @@ def final_env(env, forced):
         del env[key]
     env.update(forced)
     return env
+
+
+def info_lines(host):
+    """[(label, value)] for `gpusandbox info` and doctor: the sharing tiers
+    this host offers and the forward-compatibility eligibility of its GPUs."""
+    from . import mps
+    from .compat import is_datacenter
+    from .require import gpu_brand
+    has_mps = mps.CTL in host.bins and "nvidia-cuda-mps-server" in host.bins
+    running = []
+    for g in host.gpus:
+        try:
+            pid = mps.Daemon(host, g).pid()
+        except GpuError as e:
+            pid = e.line()
+        if pid is not None:
+            running.append(f"gpu {g.index} ({pid})")
+    tiers = ["MPS (tiers 1-2): " + ("available" if has_mps else
+                                    "unavailable: the driver root has no MPS binaries"),
+             "driver memory limits (tier 3): unavailable: " + dmem_status()[1],
+             f"MIG (tier 4): {len(host.migs)} MIG device(s)"]
+    brands = sorted({gpu_brand(g.model) or "unknown" for g in host.gpus})
+    dc = [b for b in brands if is_datacenter(b)]
+    fwd = ("usable on this host's data-center GPUs (--cuda-compat auto)" if dc and len(dc) == len(brands)
+           else "not supported on " + ", ".join(b for b in brands if not is_datacenter(b))
+           + " GPUs (CUDA error 804); same-major images may still run (minor-version "
+           "compatibility, --no-require)" if brands else "no GPUs")
+    return [("gpu sharing", "; ".join(tiers)),
+            ("mps daemons", ", ".join(running) if running else "none of this user's running"),
+            ("forward compatibility", fwd)]

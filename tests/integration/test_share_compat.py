@@ -184,8 +184,10 @@ def _compat_image(base, drivers):
                    capture_output=True)
     compat = root / COMPAT.lstrip("/")
     compat.mkdir(parents=True)
+    _compat_lib(compat / "libcuda.so.560.35.03", "libcuda.so.1", drivers, base)
+    # A companion the cache must also point into compat/ (its content is not loaded).
+    shutil.copy(compat / "libcuda.so.560.35.03", compat / "libnvidia-ptxjitcompiler.so.560.35.03")
     for stem in ("libcuda", "libnvidia-ptxjitcompiler"):
-        _compat_lib(compat / f"{stem}.so.560.35.03", f"{stem}.so.1", drivers, base)
         os.symlink(f"{stem}.so.560.35.03", compat / f"{stem}.so.1")
     os.symlink("cuda-12.6", root / "usr/local/cuda")
     with open(root / "etc/environment", "a") as f:
