@@ -16,9 +16,7 @@ the image root (openat2 RESOLVE_IN_ROOT, regular files only), every read
 bounded; no image file becomes a mount source and no image binary runs.
 The decision only changes which paths the generated ld.so.cache names.
 """
-import json
 import os
-import re
 import stat
 import struct
 
@@ -30,8 +28,7 @@ NOTE_SECTION = b".note.cuda.fwd_compatibility"
 NOTE_OWNER = b"NVIDIA Corporation"
 MODES = ("auto", "off", "force")
 DATACENTER_BRANDS = ("tesla", "nvidia")
-_LIB_RE = re.compile(r"^(lib[A-Za-z0-9_-]+)\.so\.(\d+(?:\.\d+){0,3})$")
-_CUDA_RE = re.compile(r"^libcuda\.so\.(\d{2,4}\.\d{1,4}(?:\.\d{1,4})?)$")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 # Bounds on what is read of the image: section headers, the section-name
 # table and the note (a real note is ~200 bytes; a real libcuda has ~40
 # sections).
@@ -39,6 +36,28 @@ _MAX_SECTIONS = 4096
 _MAX_STRTAB = 1 << 20
 _MAX_NOTE = 64 << 10
 _MAX_NAMES = 4096
+
+
+def _dotted(text, parts, width):
+    """text is `parts` (a range) dot-separated ASCII numbers of 1 to width
+    digits (re stays off the launch path)."""
+    nums = text.split(".")
+    return len(nums) in parts and all(n.isascii() and n.isdigit() and len(n) <= width
+                                      for n in nums)
+
+
+def _lib_name(name):
+    """Whether name is lib<stem>.so.<version> (a SONAME or a versioned file)."""
+    stem, sep, ver = name.partition(".so.")
+    return bool(sep) and stem.startswith("lib") and len(stem) > 3 and \
+        set(stem) <= _NAME_CHARS and _dotted(ver, range(1, 5), 8)
+
+
+def _cuda_version(name):
+    """The version of a libcuda.so.<major>.<minor>[.<patch>] name, or None."""
+    ver = name.removeprefix("libcuda.so.")
+    return ver if ver != name and _dotted(ver, (2, 3), 4) and len(ver.split(".")[0]) >= 2 \
+        else None
 
 
 class Decision:
@@ -150,6 +169,7 @@ def _parse_notes(data):
         if len(desc) != descsz:
             raise ValueError("truncated note")
         if name == NOTE_OWNER:
+            import json
             doc = json.loads(desc.rstrip(b"\0").decode("utf-8"))
             if not isinstance(doc, dict):
                 raise ValueError("note is not a JSON object")
@@ -185,23 +205,22 @@ def _decide(mode, rootfd, host_version, brands):
             raise GpuError("--cuda-compat force", f"the image has no {COMPAT_DIR}",
                            hint="use an image carrying cuda-compat, or --cuda-compat auto")
         return Decision(False, f"the image carries no forward-compatibility libraries ({COMPAT_DIR})")
-    cuda = sorted(n for n in names if _CUDA_RE.match(n))
+    cuda = sorted(n for n in names if _cuda_version(n))
     if len(cuda) != 1:
         why = "none" if not cuda else f"{len(cuda)} ({', '.join(cuda[:3])})"
         if mode == "force":
             raise GpuError("--cuda-compat force", f"{COMPAT_DIR} holds {why} libcuda.so.<version>",
                            hint="exactly one is needed to know which to prefer")
         return Decision(False, f"{COMPAT_DIR} holds {why} libcuda.so.<version>, not exactly one")
-    version = _CUDA_RE.match(cuda[0]).group(1)
-    entries = [(n, f"{COMPAT_DIR}/{n}") for n in sorted(names)
-               if _LIB_RE.match(n) and not n.endswith(".so")]
+    version = _cuda_version(cuda[0])
+    entries = [(n, f"{COMPAT_DIR}/{n}") for n in sorted(names) if _lib_name(n)]
     try:
         fd = _open_lib(rootfd, cuda[0])
         try:
             doc = read_note(fd)
         finally:
             os.close(fd)
-    except (OSError, ValueError, UnicodeDecodeError, struct.error) as e:
+    except (OSError, ValueError, struct.error) as e:
         if mode == "force":
             return Decision(True, f"--cuda-compat force: compat libcuda {version} "
                             f"(note unreadable: {e})", version, entries)

@@ -17,8 +17,11 @@ import pytest
 
 from .conftest import REPO
 
-HOST_LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
 COMPAT = "/usr/local/cuda-12.6/compat"
+# What the loader maps: the compat pair, or the host's (injected) pair.
+HOST_LIBS = str([f"/usr/lib/x86_64-linux-gnu/{s}.so.550.54.15"
+                 for s in ("libcuda", "libnvidia-ptxjitcompiler")])
+COMPAT_LIBS = str([f"{COMPAT}/{s}.so.560.35.03" for s in ("libcuda", "libnvidia-ptxjitcompiler")])
 REQUIRE = ("NVIDIA_REQUIRE_CUDA=cuda>=12.6 brand=tesla,driver>=550,driver<551 "
            "brand=nvidia,driver>=550,driver<551 brand=geforce,driver>=550,driver<551")
 
@@ -43,8 +46,8 @@ out["client"] = [r.returncode, r.stdout.strip()]
 print(json.dumps(out))
 """
 
-MAPS = ("import ctypes\nctypes.CDLL('libcuda.so.1')\n"
-        "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcuda' in l}))\n")
+MAPS = ("import ctypes\nctypes.CDLL('libcuda.so.1')\nctypes.CDLL('libnvidia-ptxjitcompiler.so.1')\n"
+        "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if '.so.5' in l}))\n")
 
 
 def mps(runner, sim, *args):
@@ -233,13 +236,13 @@ def _maps(runner, root, image, *opts):
 def test_compat_preferred_on_datacenter(runner, sim_host, compat_images):
     r = _maps(runner, sim_host.root, compat_images["ok"])
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == str([f"{COMPAT}/libcuda.so.560.35.03"]), r.stdout
+    assert r.stdout.strip() == COMPAT_LIBS, r.stdout
     assert "cuda-compat: forward compatibility: the image's libcuda 560.35.03" in r.stderr
     # off: the host's libcuda, and the brand term no longer carries the image.
     _bad(_maps(runner, sim_host.root, compat_images["ok"], "--cuda-compat", "off"),
          "image requires cuda>=12.6")
     r = _maps(runner, sim_host.root, compat_images["ok"], "--cuda-compat", "off", "--no-require")
-    assert r.returncode == 0 and r.stdout.strip() == str([HOST_LIBCUDA]), r.stdout + r.stderr
+    assert r.returncode == 0 and r.stdout.strip() == HOST_LIBS, r.stdout + r.stderr
 
 
 def test_compat_refused_where_nvidia_does_not_support_it(runner, sim_host, geforce_host,
@@ -251,9 +254,9 @@ def test_compat_refused_where_nvidia_does_not_support_it(runner, sim_host, gefor
     _bad(r, "image requires cuda>=12.6")
     assert "supports driver branches 535, 560, not the host's 550" in r.stderr
     r = _maps(runner, sim_host.root, compat_images["other"], "--cuda-compat", "force")
-    assert r.returncode == 0 and r.stdout.strip() == str([f"{COMPAT}/libcuda.so.560.35.03"])
+    assert r.returncode == 0 and r.stdout.strip() == COMPAT_LIBS, r.stdout + r.stderr
     r = _maps(runner, geforce_host, compat_images["ok"], "--no-require")
-    assert r.returncode == 0 and r.stdout.strip() == str([HOST_LIBCUDA]), r.stdout + r.stderr
+    assert r.returncode == 0 and r.stdout.strip() == HOST_LIBS, r.stdout + r.stderr
 
 
 def test_gpu_check_mps_fails_cleanly_without_a_gpu(cli, shared_tmp):
