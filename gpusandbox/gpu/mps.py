@@ -158,6 +158,50 @@ class Daemon:
         finally:
             os.close(lock)
 
+    def read_state(self):
+        try:
+            with open(self.state) as f:
+                st = json.load(f)
+            return st if isinstance(st, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def write_state(self, **changes):
+        st = dict(self.read_state(), **changes)
+        with open(self.state + ".tmp", "w") as f:
+            json.dump(st, f)
+        os.rename(self.state + ".tmp", self.state)
+
+    def lease(self, mib, total):
+        """Note this launch's memory ceiling for as long as the launcher
+        lives.  With a strict daemon (`mps up --strict`), refuse it when the
+        ceilings of the running launches and this one sum over the GPU's
+        memory (total() in MiB, asked only then)."""
+        import fcntl
+        leases = os.path.join(self.dir, "leases")
+        os.makedirs(leases, mode=0o700, exist_ok=True)
+        lock = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            held = _live_leases(leases)
+            if self.read_state().get("strict"):
+                cap = total()
+                if cap is None:
+                    raise GpuError(f"--gpu-memory on GPU {self.gpu.index}", "the daemon is "
+                                   "strict and nvidia-smi did not report the GPU's memory",
+                                   hint="'gpusandbox mps up' without --strict")
+                if sum(held) + mib > cap:
+                    raise GpuError(f"--gpu-memory {mib}M on GPU {self.gpu.index}",
+                                   f"the daemon is strict and {len(held)} running sandbox(es) "
+                                   f"hold {sum(held)} MiB of its {cap} MiB",
+                                   hint="lower the limit or wait for them; ceilings are per "
+                                        "CUDA process, so the sum is a floor of what they can use")
+            name = f"{os.getpid()}-{_starttime(os.getpid())}"
+            with open(os.path.join(leases, name), "w") as f:
+                f.write(f"{mib}\n")
+        finally:
+            os.close(lock)
+
     def command(self, line, timeout=10):
         """Send one control command; returns its output (stripped)."""
         res = subprocess.run([self.binary()], input=line + "\n", capture_output=True, text=True,
@@ -237,3 +281,32 @@ def _spawn(exe, env, shm):
 
 
 _MS_BIND, _MS_REC, _MS_SLAVE = 4096, 16384, 1 << 19
+
+
+def _starttime(pid):
+    """The process's start time in clock ticks (pid reuse tells apart), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _live_leases(leases):
+    """MiB of every lease whose launcher still runs; the others are removed."""
+    out = []
+    for name in os.listdir(leases):
+        pid, _, start = name.partition("-")
+        path = os.path.join(leases, name)
+        if pid.isdigit() and start == str(_starttime(int(pid))):
+            try:
+                with open(path) as f:
+                    out.append(int(f.read(32).strip()))
+                continue
+            except (OSError, ValueError):
+                pass
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return out

@@ -19,6 +19,8 @@ def _args(argv):
     p.add_argument("--gpus", default="all", help="GPUs (default all)")
     p.add_argument("--exclusive", action="store_true",
                    help="up: set EXCLUSIVE_PROCESS (root); down restores the previous mode")
+    p.add_argument("--strict", action="store_true", help="up: refuse launches whose memory "
+                   "ceilings sum over the GPU's memory")
     p.add_argument("--gpu-memory", help="up: the daemon's default pinned memory limit")
     p.add_argument("--gpu-compute", help="up: the daemon's default active thread percentage")
     p.add_argument("--driver-root", default="/")
@@ -89,10 +91,8 @@ def _up(host, d, a):
         if mode != "Exclusive_Process":
             _smi_mode(host, d.gpu, "EXCLUSIVE_PROCESS")
     started = d.start()
-    if a.exclusive:
-        with open(d.state, "w") as f:
-            json.dump(state, f)
-    out = {"gpu": d.gpu.index, "started": started}
+    d.write_state(strict=a.strict, **state)
+    out = {"gpu": d.gpu.index, "started": started, "strict": a.strict}
     if mib is not None:
         d.command(f"set_default_device_pinned_mem_limit 0 {mib}M")
         shown = d.command("get_default_device_pinned_mem_limit 0")
@@ -112,15 +112,13 @@ def _up(host, d, a):
 
 def _down(host, d):
     stopped = d.stop()
-    try:
-        with open(d.state) as f:
-            prev = json.load(f).get("previous_mode")
-    except (OSError, ValueError):
-        prev = None
+    prev = d.read_state().get("previous_mode")
     if prev and prev != "Exclusive_Process":
         _smi_mode(host, d.gpu, prev.upper())
-    if prev:
+    try:
         os.unlink(d.state)
+    except OSError:
+        pass
     return {"gpu": d.gpu.index, "stopped": stopped, "restored_mode": prev}
 
 

@@ -86,18 +86,34 @@ def dmem_status(cgroot=None):
                    "dmem limits: not yet verified on such a driver")
 
 
+def gpu_facts(host, gpu):
+    """{"mode": compute mode as nvidia-smi names it, "total": memory in MiB},
+    None where nvidia-smi does not tell (an older one lacks compute_mode)."""
+    smi = host.bins.get("nvidia-smi")
+    for fields in (("memory.total", "compute_mode"), ("memory.total",)):
+        if not smi:
+            break
+        try:
+            res = subprocess.run([smi, "--query-gpu=uuid," + ",".join(fields),
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=20, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+        except (OSError, subprocess.TimeoutExpired):
+            break
+        if res.returncode != 0:
+            continue
+        for line in res.stdout.splitlines():
+            cols = [c.strip() for c in line.split(",")]
+            if len(cols) == 1 + len(fields) and cols[0] == gpu.uuid:
+                got = dict(zip(fields, cols[1:]))
+                total = got["memory.total"]
+                return {"mode": parse_mode(got.get("compute_mode")),
+                        "total": int(total) if total.isdigit() else None}
+    return {"mode": None, "total": None}
+
+
 def compute_mode(host, gpu):
     """The GPU's compute mode as nvidia-smi names it, or None when unknown."""
-    smi = host.bins.get("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        res = subprocess.run([smi, "--query-gpu=compute_mode", "--format=csv,noheader",
-                              "-i", gpu.uuid or str(gpu.index)], capture_output=True, text=True,
-                             timeout=20, env={"PATH": "/usr/bin:/bin"}, cwd="/")
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_mode(res.stdout) if res.returncode == 0 else None
+    return gpu_facts(host, gpu)["mode"]
 
 
 def parse_mode(text):
@@ -166,6 +182,8 @@ def apply(plan, spec, host, sel, edits, host_env):
     gpu, mode = check_gpu(host, sel, spec)
     daemon = mps.Daemon(host, gpu, host_env)
     started = daemon.start()
+    if mib is not None:
+        daemon.lease(mib, lambda: gpu_facts(host, gpu)["total"])
     mps_ipc = host.ipc.get("mps")
     if mps_ipc:
         edits.mounts[:] = [m for m in edits.mounts if m.host_path != mps_ipc[1]]

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,36 @@ def test_mps_up_reads_back_and_refuses_other_users(runner, sim_host, rootfs, dae
                         "1G", str(rootfs), "sh", "-c", "echo get_server_list | "
                         "nvidia-cuda-mps-control; id -u"])
         assert r.returncode == 0 and r.stdout.split() == ["0"], r.stderr
+
+
+def test_strict_daemon_refuses_ceilings_over_the_gpu_memory(runner, sim_host, rootfs,
+                                                            daemon_down):
+    r = mps(runner, sim_host, "up", "--strict")
+    assert r.returncode == 0, r.stderr
+    leases = Path(json.loads(mps(runner, sim_host, "status").stdout)[0]["dir"], "leases")
+    base = ["--driver-root", sim_host.root, "--gpus", "0"]
+    # The simulated GPU has 81920 MiB: 60 GiB held by a running sandbox
+    # leaves no room for 30 GiB, but room for 10 GiB.
+    a = runner.popen(base + ["--gpu-memory", "60G", str(rootfs), "sleep", "60"])
+    try:
+        for _ in range(300):
+            # setpriv execs the launcher: its pid names the lease.
+            if leases.is_dir() and any(n.name.startswith(f"{a.pid}-") for n in leases.iterdir()) \
+                    or a.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert a.poll() is None, a.communicate()
+        _bad(runner.run(base + ["--gpu-memory", "30G", str(rootfs), "true"]),
+             "--gpu-memory 30720M on GPU 0: the daemon is strict and 1 running sandbox(es) "
+             "hold 61440 MiB of its 81920 MiB")
+        r = runner.run(base + ["--gpu-memory", "10G", str(rootfs), "true"])
+        assert r.returncode == 0, r.stderr
+    finally:
+        a.kill()
+        a.communicate()
+    # The first launcher is gone: its lease no longer counts.
+    r = runner.run(base + ["--gpu-memory", "70G", str(rootfs), "true"])
+    assert r.returncode == 0, r.stderr
 
 
 def _bad(r, text):
