@@ -53,19 +53,29 @@ def _owned_private(path, uid):
     return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
 
 
-def _make_private(path):
-    """Create path (and parents) 0700; refuse one another user owns or opens."""
+def _make_private(path, private_from):
+    """Create path and its missing parents; the components from private_from
+    on are 0700.  Every existing component must belong to root or the caller
+    and be writable by no one else (sticky directories such as /tmp aside):
+    a directory another user controls could swap what lies below it."""
+    import stat
     uid = os.geteuid()
     parts = path.rstrip("/").split("/")
     for i in range(2, len(parts) + 1):
         p = "/".join(parts[:i])
         try:
-            os.mkdir(p, 0o700)
+            os.mkdir(p, 0o700 if len(p) >= len(private_from) else 0o755)
         except FileExistsError:
             pass
         except OSError as e:
             raise GpuError(f"MPS directory {p}", f"cannot create it: {e.strerror}",
                            hint="set XDG_RUNTIME_DIR to your own runtime directory") from None
+        st = os.lstat(p)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid) or \
+                (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise GpuError(f"MPS directory {p}", "not a directory of root or uid "
+                           f"{uid} that only they can write",
+                           hint="remove it, or set XDG_RUNTIME_DIR to your own runtime directory")
     if not _owned_private(path, uid):
         raise GpuError(f"MPS directory {path}", f"not a directory private to uid {uid} "
                        "(another user made it, or it is open to others)",
@@ -132,8 +142,7 @@ class Daemon:
         """Start the daemon unless it runs; returns True when it started it."""
         self.check_paths()
         exe = self.binary()
-        for d in (os.path.dirname(self.dir), self.dir):
-            _make_private(d)
+        _make_private(self.dir, os.path.dirname(self.dir))
         import fcntl
         lock = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -221,6 +230,13 @@ class Daemon:
         while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
             time.sleep(0.02)
         return True
+
+    def remove(self):
+        """Remove the daemon's directory once it has stopped (pipe, shm,
+        leases, state and log): nothing of a stopped daemon is kept."""
+        import shutil
+        if self.pid() is None and _owned_private(self.dir, os.geteuid()):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def status(self):
         out = {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "dir": self.dir,

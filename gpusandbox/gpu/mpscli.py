@@ -115,10 +115,7 @@ def _down(host, d):
     prev = d.read_state().get("previous_mode")
     if prev and prev != "Exclusive_Process":
         _smi_mode(host, d.gpu, prev.upper())
-    try:
-        os.unlink(d.state)
-    except OSError:
-        pass
+    d.remove()
     return {"gpu": d.gpu.index, "stopped": stopped, "restored_mode": prev}
 
 
