@@ -137,8 +137,8 @@ def read_note(fd):
         shoff, = struct.unpack_from("<I", _pread(fd, 4, 0x20))
         shentsize, shnum, shstrndx = struct.unpack("<HHH", _pread(fd, 6, 0x2E))
         shfmt = "<IIIIIIIIII"
-    if shnum == 0 or shnum > _MAX_SECTIONS or shentsize < struct.calcsize(shfmt) \
-            or shstrndx >= shnum:
+    if shnum == 0 or shnum > _MAX_SECTIONS or shstrndx >= shnum \
+            or not struct.calcsize(shfmt) <= shentsize <= 256:
         raise ValueError("bad section header table")
     table = _pread(fd, shentsize * shnum, shoff)
     sections = [struct.unpack_from(shfmt, table, i * shentsize) for i in range(shnum)]
@@ -220,7 +220,7 @@ def _decide(mode, rootfd, host_version, brands):
             doc = read_note(fd)
         finally:
             os.close(fd)
-    except (OSError, ValueError, struct.error) as e:
+    except (OSError, ValueError, RecursionError, struct.error) as e:
         if mode == "force":
             return Decision(True, f"--cuda-compat force: compat libcuda {version} "
                             f"(note unreadable: {e})", version, entries)

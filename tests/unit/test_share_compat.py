@@ -102,6 +102,13 @@ def test_read_note(tmp_path):
             compat.read_note(f.fileno())
 
 
+def test_a_hostile_note_never_raises_past_decide(tmp_path):
+    deep = b"[" * 60000 + b"]" * 60000        # deeper than json's recursion limit
+    root = image(tmp_path, ["libcuda.so.575.57.08"], note=deep[:65000])
+    d = compat.decide("auto", root, "550.54.15", ["Tesla"])
+    assert not d.use and "unreadable" in d.reason
+
+
 def test_decide_uses_compat_on_a_listed_branch(tmp_path):
     root = image(tmp_path, ["libcuda.so.575.57.08", "libnvidia-ptxjitcompiler.so.575.57.08"], NOTE)
     d = compat.decide("auto", root, "550.54.15", ["Nvidia"])
