@@ -57,10 +57,10 @@ def main(argv=None):
         return _report_cmd("gpusandbox.gpu.report", "main_list", rest)
     if cmd == "doctor":
         return _report_cmd("gpusandbox.doctor", "main", rest)
-    if cmd == "mps":
-        return _report_cmd("gpusandbox.gpu.mpscli", "main", rest)
     if cmd == "sim":
         return _report_cmd("gpusandbox.gpu.sim", "main", rest)
+    if cmd == "mps":
+        return _report_cmd("gpusandbox.gpu.mpscli", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):
         return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
     if cmd in ("version", "--version"):

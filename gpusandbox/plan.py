@@ -363,9 +363,6 @@ def build(spec, host_env=None):
         image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)
     gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
-    if (spec.gpu_memory is not None or spec.gpu_compute is not None) and not plan.forced_env:
-        raise UsageError("--gpu-memory/--gpu-compute need a GPU", "this launch selects none",
-                         "select one, e.g. --gpus 0")
     _devices(plan, spec)
     passwd = k.read_in_root(rootfd, "/etc/passwd", 4 << 20)
     home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
@@ -375,6 +372,9 @@ def build(spec, host_env=None):
     if plan.forced_env:
         from .gpu.share import final_env
         final_env(plan.env, plan.forced_env)
+    elif spec.gpu_memory is not None or spec.gpu_compute is not None:
+        raise UsageError("--gpu-memory/--gpu-compute need a GPU", "this launch selects none",
+                         "select one, e.g. --gpus 0")
     plan.argv = spec.argv
     # Container paths are normalised lexically here, so no `..` reaches the
     # init (where a `..` walk would start from the image on the host).

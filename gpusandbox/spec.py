@@ -27,7 +27,6 @@ class RunSpec:
         "workdir", "env_set", "env_files", "env_host", "tty", "verbose",
         # GPU and other devices
         "devices", "gpus", "gpu_caps", "driver_root", "dev_root", "no_require",
-        "cuda_compat", "gpu_memory", "gpu_compute",
         # cgroup
         "cgroup_parent", "memory", "memory_swap", "pids_limit", "cpus", "best_effort",
         # security
@@ -37,6 +36,8 @@ class RunSpec:
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
         # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
+        # GPU sharing and forward compatibility (docs/sharing.md)
+        "cuda_compat", "gpu_memory", "gpu_compute",
     )
 
     def __init__(self):
@@ -61,9 +62,6 @@ class RunSpec:
         self.driver_root = None
         self.dev_root = None
         self.no_require = False
-        self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)
-        self.gpu_memory = None       # --gpu-memory text, checked by gpu/share.py
-        self.gpu_compute = None      # --gpu-compute text
         self.cgroup_parent = None
         self.memory = None
         self.memory_swap = None
@@ -77,3 +75,6 @@ class RunSpec:
         self.image_ref = False       # IMAGE is an image reference (cli.is_image_ref)
         self.image_env = None        # (env items, workdir) of a store image's config
         self.pause_at = None
+        self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)
+        self.gpu_memory = None       # --gpu-memory text, checked by gpu/share.py
+        self.gpu_compute = None      # --gpu-compute text
