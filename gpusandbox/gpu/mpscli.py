@@ -14,7 +14,12 @@ from gpusandbox.errors import GpuError, UsageError
 
 def _args(argv):
     import argparse
-    p = argparse.ArgumentParser(prog="gpusandbox mps", description=__doc__.split("\n")[0])
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise UsageError("gpusandbox mps", message, hint="see gpusandbox mps --help")
+
+    p = Parser(prog="gpusandbox mps", description=__doc__.split("\n")[0])
     p.add_argument("action", choices=("up", "down", "status"))
     p.add_argument("--gpus", default="all", help="GPUs (default all)")
     p.add_argument("--exclusive", action="store_true",

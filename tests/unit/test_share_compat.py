@@ -305,3 +305,10 @@ def test_dmem_status(tmp_path):
     (tmp_path / "dmem.capacity").write_text("nvidia/0000:06:00.0/vidmem 85899345920\n")
     ok, why = share.dmem_status(str(tmp_path))
     assert not ok and "does not set dmem limits" in why
+
+
+def test_mps_command_usage_errors_are_one_line_exit_125():
+    for argv in ([], ["start"], ["up", "--bogus"]):
+        with pytest.raises(UsageError) as e:
+            mpscli.main(argv)
+        assert e.value.code == 125 and e.value.line().startswith("gpusandbox mps: ")
