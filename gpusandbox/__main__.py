@@ -24,6 +24,7 @@ commands:
   hook STAGE | hook install [--dir DIR]       OCI hook: GPUs into a runc/crun/podman container
   oci-filter                                  podman hooks.d precreate filter (config.json in/out)
   runtime configure --runtime ENGINE          register gpusandbox-runtime with podman/docker/containerd
+  mps up|down|status [--gpus SEL] [--exclusive]  the caller's MPS daemons (docs/sharing.md)
   version                                     print the version
 """
 
@@ -71,6 +72,8 @@ def main(argv=None):
         return _report_cmd("gpusandbox.oci.filter", "main", rest)
     if cmd == "runtime":
         return _report_cmd("gpusandbox.oci.runtimeconf", "main", rest)
+    if cmd == "mps":
+        return _report_cmd("gpusandbox.gpu.mpscli", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):
         return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
     if cmd in ("version", "--version"):

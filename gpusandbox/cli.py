@@ -24,6 +24,10 @@ GPUs:
   --gpus all|none|auto|LIST   GPUs to inject: indices, GPU-<uuid>, PCI bus ids, MIG g:i, MIG-<uuid>
                               (default: the caller's NVIDIA_VISIBLE_DEVICES; unset = no GPU support)
   --gpu-caps CAPS             driver capabilities (default utility,compute; 'all')
+  --gpu-memory SIZE           GPU memory ceiling per CUDA process (8G, 512M) through MPS
+  --gpu-compute PCT           share of the GPU's SMs per CUDA process (30%) through MPS
+                              (docs/sharing.md: what enforces them and where they end)
+  --cuda-compat auto|off|force  prefer the image's forward-compat libcuda (default auto)
   --driver-root DIR           where the host driver lives (default /)
   --dev-root DIR              where its device nodes live (default DRIVER_ROOT/dev)
   --no-require                skip the image's CUDA requirement check (warns)
@@ -81,6 +85,7 @@ _OPTS = {
     "--memory": "memory", "--memory-swap": "memory_swap", "--pids-limit": "pids_limit",
     "--cpus": "cpus", "--device": "device", "--entrypoint": "entrypoint",
     "--platform": "platform", "--store": "store",
+    "--gpu-memory": "gpu_memory", "--gpu-compute": "gpu_compute", "--cuda-compat": "cuda_compat",
 }
 _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
@@ -217,6 +222,10 @@ def parse_run_args(argv):
             if val not in ("auto", "single", "subids", "host"):
                 _bad(f"invalid --userns {val!r}", None, "use auto, single, subids or host")
             spec.userns = val
+        elif attr == "cuda_compat":
+            if val not in ("auto", "off", "force"):
+                _bad(f"invalid --cuda-compat {val!r}", None, "use auto, off or force")
+            spec.cuda_compat = val
         elif attr == "net":
             if val not in ("host", "none"):
                 _bad(f"invalid --net {val!r}", None, "use host or none")

@@ -92,7 +92,7 @@ class LaunchPlan:
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
-                 "own_cgroup", "squash", "squash_pid")
+                 "own_cgroup", "squash", "squash_pid", "forced_env")
 
     def __init__(self, spec):
         self.spec = spec
@@ -109,6 +109,8 @@ class LaunchPlan:
         # init attaches the root over (image/squash.py).
         self.squash = None
         self.squash_pid = None
+        # Variables the launcher sets over every other row (gpu/share.py).
+        self.forced_env = None
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
@@ -298,13 +300,18 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
     if sel is None:
         return {}
-    from .gpu import require
+    from .gpu import compat, require
+    decision = compat.for_launch(spec.cuda_compat, rootfd, host, sel, plan.notes)
     warn = require.check(req_env, rootfd, host, None, host_env,
-                         gpus=sel.node_gpus(), no_require=spec.no_require)
+                         gpus=sel.node_gpus(), no_require=spec.no_require, compat=decision)
     if warn:
         plan.warnings.append(warn)
     edits = inject.build_edits(host, sel, rootfd, host_env,
-                               private=spec.rootfs_mode == "rw", notes=plan.notes)
+                               private=spec.rootfs_mode == "rw", notes=plan.notes,
+                               compat=decision)
+    if spec.gpu_memory is not None or spec.gpu_compute is not None:
+        from .gpu import share
+        share.apply(plan, spec, host, sel, edits, host_env)
     missing = inject.warning(inject.plan(host, sel))
     if missing:
         plan.warnings.append(missing)
@@ -380,6 +387,12 @@ def build(spec, host_env=None):
                               plan.cmd_uid)
     term = host_env.get("TERM", "xterm") if spec.tty else None
     plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term, user_env)
+    if plan.forced_env:
+        from .gpu.share import final_env
+        final_env(plan.env, plan.forced_env)
+    elif spec.gpu_memory is not None or spec.gpu_compute is not None:
+        raise UsageError("--gpu-memory/--gpu-compute need a GPU", "this launch selects none",
+                         "select one, e.g. --gpus 0")
     plan.argv = spec.argv
     # Container paths are normalised lexically here, so no `..` reaches the
     # init (where a `..` walk would start from the image on the host).

@@ -36,6 +36,8 @@ class RunSpec:
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
         # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
+        # GPU sharing and forward compatibility (docs/sharing.md)
+        "cuda_compat", "gpu_memory", "gpu_compute",
     )
 
     def __init__(self):
@@ -74,3 +76,6 @@ class RunSpec:
         self.image_ref = False       # IMAGE is an image reference (cli.is_image_ref)
         self.image_env = None        # (env items, workdir) of a store image's config
         self.pause_at = None
+        self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)
+        self.gpu_memory = None       # --gpu-memory text, checked by gpu/share.py
+        self.gpu_compute = None      # --gpu-compute text

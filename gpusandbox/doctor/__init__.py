@@ -52,6 +52,8 @@ def run_checks(opts, euid=None):
             sel = select.resolve(opts.gpus, None, {}, host)
         except SandboxError as e:
             out.append(Check("driver", "GPU selection", FAIL, e.line(), e.hint or ""))
+    from .share import check_share
+    out += check_share(opts, host, sel)
     facts = None
     if opts.image:
         checks, facts = check_image(opts, host, ceiling, sel)

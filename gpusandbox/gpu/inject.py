@@ -267,11 +267,12 @@ def _image_cache(image_root):
         return []
 
 
-def build_edits(host, sel, image_root, environ=None, private=False, notes=None):
+def build_edits(host, sel, image_root, environ=None, private=False, notes=None, compat=None):
     """ContainerEdits that give the image the selection.
 
     image_root: the image's held root fd (or a path).  private: the image is
-    written through (--rw); see PRIVATE."""
+    written through (--rw); see PRIVATE.  compat: a gpu.compat.Decision; when
+    it says so, the cache names the image's forward-compat libraries instead."""
     inj = plan(host, sel)
     edits = ContainerEdits()
     for n in inj.nodes:
@@ -332,6 +333,9 @@ def build_edits(host, sel, image_root, environ=None, private=False, notes=None):
             continue
         edits.mounts.append(Mount(host_path, cpath, opts))
 
+    if compat is not None and compat.use:
+        from gpusandbox.gpu.compat import prefer
+        entries = prefer(entries, compat, lambda n, p: ldcache.Entry(n.encode(), p.encode()))
     # The image's own entries for the injected names would shadow the host
     # driver (an image-shipped libcuda.so.1 of another version).
     ours = {(e.name, e.flags) for e in entries}

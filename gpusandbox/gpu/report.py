@@ -161,3 +161,11 @@ def _isolation(host):
                "cgroup still applies")
     return [("device isolation", how),
             ("cgroup delegated", "yes" if st.get("delegated") else "no")]
+
+
+def _sharing_lines(host):
+    from gpusandbox.gpu.share import info_lines
+    return info_lines(host)
+
+
+register_info_lines(_sharing_lines)

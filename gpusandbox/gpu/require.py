@@ -296,7 +296,7 @@ def min_driver_for(version):
 
 
 def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
-          no_require=False):
+          no_require=False, compat=None):
     """Refuse a launch whose image needs more than the host offers.
 
     image_env: the image's variables (dict); image_root: its root directory
@@ -311,6 +311,10 @@ def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
     rows the caller's): NVIDIA_REQUIRE_*, CUDA_VERSION, NVIDIA_DISABLE_REQUIRE.
     environ: the caller's environment (NVIDIA_DISABLE_REQUIRE), default os.environ.
     gpus: the selected GPUs (Selection.node_gpus()); default all of host.gpus.
+    compat: the launch's gpu.compat.Decision, or None (not known): CUDA
+    images' `brand=...,driver>=N,driver<N+1` terms hold only through the
+    image's forward-compatibility libraries, so with a Decision that does not
+    use them such a term no longer carries an image the host's CUDA is too old for.
     Returns None, or a one-line "warning: ..." for the launcher to print
     after its "gpusandbox: " prefix; raises
     GpuError (exit code 125) when a constraint fails."""
@@ -342,6 +346,10 @@ def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
             verdict = evaluate(alts, facts)
             if verdict is False:
                 raise _failure(src, expr, alts, facts)
+            if verdict is True and compat is not None and not compat.use:
+                via = _only_via_compat(alts, facts)
+                if via:
+                    raise _compat_failure(src, via, alts, facts, compat)
             if verdict is None:
                 unknown.append((src, expr, facts))
     if unknown:
@@ -352,6 +360,42 @@ def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
         return (f"warning: could not check the image's requirement {expr} ({src}): "
                 f"the host's {'/'.join(missing)}{model} is unknown; launching anyway")
     return None
+
+
+def _ways_out(want, driver, facts):
+    from .cudatable import ways_out
+    return ways_out(want, driver, _datacenter(facts))
+
+
+def _only_via_compat(alts, facts):
+    """The brand/driver alternative that alone makes the constraint hold
+    while every alternative naming cuda fails; None otherwise."""
+    cuda_alts = [a for a in alts if any(k == "cuda" for k, _, _ in a)]
+    if not cuda_alts or any(evaluate([a], facts) is not False for a in cuda_alts):
+        return None
+    passing = [a for a in alts if a not in cuda_alts and evaluate([a], facts) is True]
+    if passing and all(any(k == "brand" for k, _, _ in a) for a in passing):
+        return passing[0]
+    return None
+
+
+def _datacenter(facts):
+    from .compat import is_datacenter
+    return is_datacenter(facts.get("brand")) if facts.get("gpu") is not None else None
+
+
+def _compat_failure(src, via, alts, facts, compat):
+    from .cudatable import ways_out
+    want = next(v for a in alts for k, op, v in a if k == "cuda")
+    term = ",".join(f"{k}{op}{v}" for k, op, v in via)
+    driver = facts.get("driver") or "unknown"
+    notes = ways_out(want, driver, _datacenter(facts))
+    return GpuError(
+        f"image requires cuda>={want} ({src})",
+        why=f"the host driver {driver} supports CUDA up to {facts.get('cuda')}, and the "
+            f"image's term {term} holds only through its forward-compatibility libraries, "
+            f"which this launch does not use: {compat.reason}",
+        hint="; ".join(notes + ["--no-require or NVIDIA_DISABLE_REQUIRE=true skips this check"]))
 
 
 def _failure(src, expr, alts, facts):
@@ -373,7 +417,8 @@ def _failure(src, expr, alts, facts):
         return GpuError(
             f"image requires cuda{op}{want} ({src})",
             why=f"the host driver {driver} supports CUDA up to {ceiling}",
-            hint=f"use an image built for CUDA {ceiling} or older, or install {way2}; {skip}")
+            hint=f"use an image built for CUDA {ceiling} or older, or install {way2}; "
+                 + "".join(n + "; " for n in _ways_out(want, driver, facts)) + skip)
     gpu = facts.get("gpu")
     have = [f"driver {driver}", f"CUDA {ceiling or 'unknown'}"]
     if gpu is not None:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 from gpusandbox.errors import GpuError, UsageError
+from gpusandbox.gpu import simmps
 
 MARKER = ".gpusandbox-sim"
 BUILD = ".sim-build"
@@ -35,6 +36,7 @@ NVIDIA_MAJOR = 195
 UVM_MAJOR = 508   # dynamic majors are handed out from 511 down (fs/char_dev.c)
 CAPS_MAJOR = 511
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
+GEFORCE_MODEL = "NVIDIA GeForce RTX 4090"
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "simsrc")
 _PLACEHOLDER = b"libgpusandbox-sim-soname-" + b"X" * 39  # 64 bytes, see generic.c
 
@@ -474,6 +476,7 @@ def _install(root, info, build, pad):
     tool = _read(os.path.join(build, "tool"))
     for name in BINARIES:
         _write(os.path.join(root, "usr/bin", name), tool, 0o755)
+    simmps.install(root, _write)     # nvidia-cuda-mps-control: the MPS stand-in
     for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         _write(os.path.join(root, "lib/firmware/nvidia", info["driver_version"], name),
                hashlib.shake_256(f"{name}:{info['driver_version']}".encode()).digest(8192))
@@ -537,7 +540,8 @@ def main(argv=None):
     c.add_argument("--gpus", type=int, default=4)
     c.add_argument("--driver-version", default="550.54.15")
     c.add_argument("--cuda-version", default="12.4")
-    c.add_argument("--model", default=DEFAULT_MODEL)
+    c.add_argument("--model")
+    c.add_argument("--brand", choices=("datacenter", "geforce"), default="datacenter")
     c.add_argument("--mig", metavar="GPU:GI:CI[:PROFILE],...", help="MIG devices to create")
     c.add_argument("--no-uvm", action="store_true", help="as if nvidia-uvm were not loaded")
     c.add_argument("--pad-ldcache", type=int, default=0, metavar="N",
@@ -551,7 +555,8 @@ def main(argv=None):
         destroy(args.dir)
         return 0
     info = create(args.dir, gpus=args.gpus, driver_version=args.driver_version,
-                  cuda_version=args.cuda_version, model=args.model, mig=args.mig,
+                  cuda_version=args.cuda_version, mig=args.mig,
+                  model=args.model or (GEFORCE_MODEL if args.brand == "geforce" else DEFAULT_MODEL),
                   uvm=not args.no_uvm, pad_ldcache=args.pad_ldcache, lib_version=args.lib_version)
     if args.json:
         print(json.dumps(info, indent=1))

@@ -175,7 +175,7 @@ class Runner:
 
     def argv(self, args):
         cmd = [self.cli] + list(args)
-        if not args or args[0] not in ("info", "list", "doctor", "sim", "version"):
+        if not args or args[0] not in ("info", "list", "doctor", "sim", "mps", "version"):
             cmd.insert(1, "run")
         if self.mode == "rootless":
             cmd = ["setpriv", f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",

@@ -1,0 +1,22 @@
+"""Doctor section "sharing": the GPU sharing tiers this host offers and the
+image's forward-compatibility libraries (docs/sharing.md)."""
+from .common import PASS, WARN, Check
+
+
+def check_share(opts, host, sel):
+    if host is None:
+        return []
+    from gpusandbox.errors import SandboxError
+    from gpusandbox.gpu.share import info_lines
+    out = [Check("sharing", label, PASS, value) for label, value in info_lines(host)]
+    if opts.image and sel is not None and not sel.none:
+        from gpusandbox.gpu import compat
+        try:
+            d = compat.for_launch("auto", opts.image, host, sel, [])
+        except SandboxError as e:
+            out.append(Check("sharing", "image forward compatibility", WARN, e.line()))
+        else:
+            if d is not None:
+                out.append(Check("sharing", "image forward compatibility", PASS,
+                                 ("used: " if d.use else "not used: ") + d.reason))
+    return out

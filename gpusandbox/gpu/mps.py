@@ -1,0 +1,328 @@
+"""MPS control daemons: one per user per GPU, started, queried and stopped.
+
+Layout (per user; root uses a system directory):
+    root:     /run/gpusandbox/mps/<gpu>/{pipe,log,shm,state.json}
+    rootless: $XDG_RUNTIME_DIR/gpusandbox/mps/<gpu>/...   (else /tmp/gpusandbox-<uid>/mps)
+<gpu> is "gpu-" and the first 8 hex digits of the GPU's UUID: one daemon per
+GPU, because a fatal fault in one client reaches every client of its server.
+
+The daemon is started with CUDA_VISIBLE_DEVICES=<uuid> and its own
+CUDA_MPS_PIPE_DIRECTORY/CUDA_MPS_LOG_DIRECTORY, in a mount namespace of its
+own where <gpu>/shm is its /dev/shm (rootless: a user namespace mapping only
+the caller's ids): the server's cuda.shm.* segments land there, and sandboxes
+get that directory as their /dev/shm, not the host's.  It stays in the host's
+pid namespace.  It outlives the launch that started it: `gpusandbox mps down`
+stops it (the control client's `quit`).
+"""
+import json
+import os
+import subprocess
+import time
+
+from gpusandbox.errors import GpuError
+
+SUN_PATH_MAX = 107          # sun_path holds 108 bytes with the NUL
+_LONGEST = "control_privileged"
+_START_WAIT = 10.0
+CTL = "nvidia-cuda-mps-control"
+
+
+def gpu_key(gpu):
+    uuid = (gpu.uuid or "").removeprefix("GPU-").replace("-", "")
+    return f"gpu-{uuid[:8]}" if uuid else f"gpu-index{gpu.index}"
+
+
+def base_dir(environ=None):
+    """The per-user directory that holds the daemons' directories."""
+    environ = os.environ if environ is None else environ
+    uid = os.geteuid()
+    if uid == 0:
+        return "/run/gpusandbox/mps"
+    run = environ.get("XDG_RUNTIME_DIR") or ""
+    if run.startswith("/") and _owned_private(run, uid):
+        return os.path.join(run, "gpusandbox", "mps")
+    return f"/tmp/gpusandbox-{uid}/mps"
+
+
+def _owned_private(path, uid):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    import stat
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
+
+
+def _make_private(path, private_from):
+    """Create path and its missing parents; the components from private_from
+    on are 0700.  Every existing component must belong to root or the caller
+    and be writable by no one else (sticky directories such as /tmp aside):
+    a directory another user controls could swap what lies below it."""
+    import stat
+    uid = os.geteuid()
+    parts = path.rstrip("/").split("/")
+    for i in range(2, len(parts) + 1):
+        p = "/".join(parts[:i])
+        try:
+            os.mkdir(p, 0o700 if len(p) >= len(private_from) else 0o755)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise GpuError(f"MPS directory {p}", f"cannot create it: {e.strerror}",
+                           hint="set XDG_RUNTIME_DIR to your own runtime directory") from None
+        st = os.lstat(p)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid) or \
+                (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise GpuError(f"MPS directory {p}", "not a directory of root or uid "
+                           f"{uid} that only they can write",
+                           hint="remove it, or set XDG_RUNTIME_DIR to your own runtime directory")
+    if not _owned_private(path, uid):
+        raise GpuError(f"MPS directory {path}", f"not a directory private to uid {uid} "
+                       "(another user made it, or it is open to others)",
+                       hint="remove it, or set XDG_RUNTIME_DIR to your own runtime directory")
+
+
+class Daemon:
+    """Where one GPU's daemon lives, and whether it runs."""
+
+    def __init__(self, host, gpu, environ=None):
+        self.host, self.gpu = host, gpu
+        self.dir = os.path.join(base_dir(environ), gpu_key(gpu))
+        self.pipe = os.path.join(self.dir, "pipe")
+        self.log = os.path.join(self.dir, "log")
+        self.shm = os.path.join(self.dir, "shm")
+        self.state = os.path.join(self.dir, "state.json")
+
+    def check_paths(self):
+        longest = os.path.join(self.pipe, _LONGEST)
+        if len(longest.encode()) > SUN_PATH_MAX:
+            raise GpuError(f"MPS pipe directory {self.pipe}",
+                           f"{longest} is {len(longest.encode())} bytes, over the "
+                           f"{SUN_PATH_MAX} a unix socket path holds (the daemon would die "
+                           "silently)", hint="set XDG_RUNTIME_DIR to a shorter directory")
+
+    def binary(self):
+        path = self.host.bins.get(CTL)
+        if not path or "nvidia-cuda-mps-server" not in self.host.bins:
+            raise GpuError("MPS is not available", f"the driver root "
+                           f"({self.host.driver_root}) has no {CTL} or nvidia-cuda-mps-server",
+                           hint="install the driver's MPS binaries (Debian: nvidia-cuda-mps)")
+        return path
+
+    def pid(self):
+        """The daemon's pid when it runs and is ours; None when none runs.
+        Raises GpuError when the pid file names another user's process."""
+        try:
+            with open(os.path.join(self.pipe, "nvidia-cuda-mps-control.pid")) as f:
+                pid = int(f.read(32).strip() or 0)
+        except (OSError, ValueError):
+            return None
+        if pid <= 0:
+            return None
+        try:
+            st = os.stat(f"/proc/{pid}")
+        except OSError:
+            return None
+        if st.st_uid != os.geteuid():
+            raise GpuError(f"MPS daemon for GPU {self.gpu.index}",
+                           f"pid {pid} serving {self.pipe} belongs to uid {st.st_uid}",
+                           hint="one daemon serves one user: use that user's sandboxes, "
+                                "or stop it ('gpusandbox mps down' as that user)")
+        return pid
+
+    def running(self):
+        return self.pid() is not None and os.path.exists(os.path.join(self.pipe, "control"))
+
+    def env(self):
+        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CUDA_VISIBLE_DEVICES":
+                self.gpu.uuid or str(self.gpu.index), "CUDA_MPS_PIPE_DIRECTORY": self.pipe,
+                "CUDA_MPS_LOG_DIRECTORY": self.log}
+
+    def start(self):
+        """Start the daemon unless it runs; returns True when it started it."""
+        self.check_paths()
+        exe = self.binary()
+        _make_private(self.dir, os.path.dirname(self.dir))
+        import fcntl
+        lock = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.running():
+                return False
+            for d in (self.pipe, self.log, self.shm):
+                os.makedirs(d, mode=0o700, exist_ok=True)
+            # Clients of every sandbox reach the control socket and the
+            # server's segments: searchable, not listable by others.
+            os.chmod(self.pipe, 0o711 if os.geteuid() else 0o755)
+            os.chmod(self.shm, 0o1777)
+            _spawn(exe, self.env(), self.shm)
+            deadline = time.monotonic() + _START_WAIT
+            while not self.running():
+                if time.monotonic() > deadline:
+                    raise GpuError(f"MPS daemon for GPU {self.gpu.index} did not start",
+                                   f"no control socket in {self.pipe} after {_START_WAIT:g} s",
+                                   hint=f"see {self.log}/control.log")
+                time.sleep(0.02)
+            return True
+        finally:
+            os.close(lock)
+
+    def read_state(self):
+        try:
+            with open(self.state) as f:
+                st = json.load(f)
+            return st if isinstance(st, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def write_state(self, **changes):
+        st = dict(self.read_state(), **changes)
+        with open(self.state + ".tmp", "w") as f:
+            json.dump(st, f)
+        os.rename(self.state + ".tmp", self.state)
+
+    def lease(self, mib, total):
+        """Note this launch's memory ceiling for as long as the launcher
+        lives.  With a strict daemon (`mps up --strict`), refuse it when the
+        ceilings of the running launches and this one sum over the GPU's
+        memory (total() in MiB, asked only then)."""
+        import fcntl
+        leases = os.path.join(self.dir, "leases")
+        os.makedirs(leases, mode=0o700, exist_ok=True)
+        lock = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            held = _live_leases(leases)
+            if self.read_state().get("strict"):
+                cap = total()
+                if cap is None:
+                    raise GpuError(f"--gpu-memory on GPU {self.gpu.index}", "the daemon is "
+                                   "strict and nvidia-smi did not report the GPU's memory",
+                                   hint="'gpusandbox mps up' without --strict")
+                if sum(held) + mib > cap:
+                    raise GpuError(f"--gpu-memory {mib}M on GPU {self.gpu.index}",
+                                   f"the daemon is strict and {len(held)} running sandbox(es) "
+                                   f"hold {sum(held)} MiB of its {cap} MiB",
+                                   hint="lower the limit or wait for them; ceilings are per "
+                                        "CUDA process, so the sum is a floor of what they can use")
+            name = f"{os.getpid()}-{_starttime(os.getpid())}"
+            with open(os.path.join(leases, name), "w") as f:
+                f.write(f"{mib}\n")
+        finally:
+            os.close(lock)
+
+    def command(self, line, timeout=10):
+        """Send one control command; returns its output (stripped)."""
+        res = subprocess.run([self.binary()], input=line + "\n", capture_output=True, text=True,
+                             env=self.env(), timeout=timeout, cwd="/")
+        if res.returncode != 0:
+            raise GpuError(f"MPS control command {line.split()[0]!r} failed",
+                           (res.stderr or res.stdout).strip().splitlines()[-1:] or
+                           [f"exit status {res.returncode}"])
+        return res.stdout.strip()
+
+    def stop(self):
+        pid = self.pid()
+        if pid is None:
+            return False
+        self.command("quit")
+        deadline = time.monotonic() + _START_WAIT
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return True
+
+    def remove(self):
+        """Remove the daemon's directory once it has stopped (pipe, shm,
+        leases, state and log): nothing of a stopped daemon is kept."""
+        import shutil
+        if self.pid() is None and _owned_private(self.dir, os.geteuid()):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def status(self):
+        out = {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "dir": self.dir,
+               "pipe": self.pipe, "log": self.log, "shm": self.shm}
+        try:
+            out["pid"] = self.pid()
+        except GpuError as e:
+            out["pid"], out["error"] = None, e.line()
+        out["running"] = out["pid"] is not None
+        try:
+            with open(self.state) as f:
+                out.update(json.load(f))
+        except (OSError, ValueError):
+            pass
+        return out
+
+
+def _spawn(exe, env, shm):
+    """Run `exe -d` in a mount namespace whose /dev/shm is `shm` (rootless: in
+    a user namespace mapping only our own ids).  The daemon forks itself
+    away; the helper child exits with its status."""
+    from gpusandbox.linux import sys as k
+    uid, gid = os.geteuid(), os.getegid()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            flags = k.CLONE_NEWNS | (0 if uid == 0 else k.CLONE_NEWUSER)
+            k.unshare(flags)
+            if uid:
+                for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                                   ("gid_map", f"{gid} {gid} 1")):
+                    with open(f"/proc/self/{name}", "w") as f:
+                        f.write(text)
+            k.mount(None, "/", None, _MS_REC | _MS_SLAVE)
+            k.mount(shm, "/dev/shm", None, _MS_BIND)
+            os.chdir("/")
+            # The daemon outlives the launch: it must not hold the caller's
+            # stdio (a `$(gpusandbox run ...)` would wait for it).
+            null = os.open(os.devnull, os.O_RDWR)
+            for n in (0, 1, 2):
+                os.dup2(null, n)
+            os.execve(exe, [exe, "-d"], env)
+        except BaseException as e:
+            try:
+                os.write(w, str(e).encode()[:400])
+            finally:
+                os._exit(127)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if err or os.waitstatus_to_exitcode(status) != 0:
+        raise GpuError("cannot start the MPS control daemon",
+                       err or f"{exe} -d exited with status {os.waitstatus_to_exitcode(status)}",
+                       hint="'gpusandbox doctor' checks namespaces and the driver's MPS binaries")
+
+
+_MS_BIND, _MS_REC, _MS_SLAVE = 4096, 16384, 1 << 19
+
+
+def _starttime(pid):
+    """The process's start time in clock ticks (pid reuse tells apart), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _live_leases(leases):
+    """MiB of every lease whose launcher still runs; the others are removed."""
+    out = []
+    for name in os.listdir(leases):
+        pid, _, start = name.partition("-")
+        path = os.path.join(leases, name)
+        if pid.isdigit() and start == str(_starttime(int(pid))):
+            try:
+                with open(path) as f:
+                    out.append(int(f.read(32).strip()))
+                continue
+            except (OSError, ValueError):
+                pass
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return out

@@ -1,0 +1,154 @@
+"""`gpusandbox mps up|down|status`: the caller's MPS daemons, one per GPU.
+
+up starts them (run --gpu-memory/--gpu-compute also does, on demand) and can
+set the daemon's defaults, which every later server of that daemon gets and
+which a sandbox's own limit can only lower; --exclusive (root) also puts the
+GPU in EXCLUSIVE_PROCESS and down restores the mode it found."""
+import json
+import os
+import subprocess
+import sys
+
+from gpusandbox.errors import GpuError, UsageError
+
+
+def _args(argv):
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise UsageError("gpusandbox mps", message, hint="see gpusandbox mps --help")
+
+    p = Parser(prog="gpusandbox mps", description=__doc__.split("\n")[0])
+    p.add_argument("action", choices=("up", "down", "status"))
+    p.add_argument("--gpus", default="all", help="GPUs (default all)")
+    p.add_argument("--exclusive", action="store_true",
+                   help="up: set EXCLUSIVE_PROCESS (root); down restores the previous mode")
+    p.add_argument("--strict", action="store_true", help="up: refuse launches whose memory "
+                   "ceilings sum over the GPU's memory")
+    p.add_argument("--gpu-memory", help="up: the daemon's default pinned memory limit")
+    p.add_argument("--gpu-compute", help="up: the daemon's default active thread percentage")
+    p.add_argument("--driver-root", default="/")
+    p.add_argument("--dev-root")
+    p.add_argument("--json", action="store_true")
+    return p.parse_args(argv)
+
+
+def _daemons(a):
+    from . import discover, select
+    from .mps import Daemon
+    host = discover.discover(a.driver_root, a.dev_root)
+    sel = select.resolve(a.gpus, "compute", {}, host)
+    if sel is None or sel.migs or not sel.gpus:
+        raise UsageError(f"mps --gpus {a.gpus}", "select whole GPUs", "e.g. --gpus 0")
+    return host, [Daemon(host, g) for g in sel.gpus]
+
+
+def _smi_mode(host, gpu, mode=None):
+    """Read (mode None) or set the compute mode with nvidia-smi."""
+    from .share import compute_mode
+    if mode is None:
+        return compute_mode(host, gpu)
+    smi = host.bins.get("nvidia-smi")
+    res = subprocess.run([smi or "nvidia-smi", "-i", gpu.uuid or str(gpu.index), "-c", mode],
+                         capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    if res.returncode != 0:
+        raise GpuError(f"nvidia-smi -c {mode} on GPU {gpu.index} failed",
+                       (res.stdout + res.stderr).strip().splitlines()[-1:] or None)
+
+
+def readback_ok(want_mib=None, shown=None, want_pct=None, shown_pct=None):
+    """Whether the daemon's answer matches what was set; its readback is
+    lossy (>= 1 GiB shown as floor(MiB/1024)G, 25 as 25.0)."""
+    from .share import parse_memory
+    if want_mib is not None:
+        try:
+            got = parse_memory(shown)
+        except UsageError:
+            return False
+        return got <= want_mib < got + (1024 if got >= 1024 else 1)
+    try:
+        return abs(float(shown_pct) - want_pct) < 0.5
+    except (TypeError, ValueError):
+        return False
+
+
+def _up(host, d, a):
+    from .share import check_gpu, parse_compute, parse_memory
+    mib = parse_memory(a.gpu_memory) if a.gpu_memory else None
+    pct = parse_compute(a.gpu_compute) if a.gpu_compute else None
+    if a.exclusive and os.geteuid() != 0:
+        raise UsageError("mps up --exclusive needs root", "the compute mode is a setting of "
+                         "the whole GPU", "run it as root, or drop --exclusive")
+
+    class _Sel:
+        migs, none, gpus, caps, visible = [], False, [d.gpu], ("compute",), str(d.gpu.index)
+
+    class _Spec:
+        user = None
+    _, mode = check_gpu(host, _Sel, _Spec)
+    state = {}
+    if a.exclusive:
+        if mode is None:
+            raise GpuError(f"mps up --exclusive on GPU {d.gpu.index}",
+                           "nvidia-smi did not report the compute mode to restore later")
+        state["previous_mode"] = mode
+        if mode != "Exclusive_Process":
+            _smi_mode(host, d.gpu, "EXCLUSIVE_PROCESS")
+    started = d.start()
+    d.write_state(strict=a.strict, **state)
+    out = {"gpu": d.gpu.index, "started": started, "strict": a.strict}
+    if mib is not None:
+        d.command(f"set_default_device_pinned_mem_limit 0 {mib}M")
+        shown = d.command("get_default_device_pinned_mem_limit 0")
+        if not readback_ok(want_mib=mib, shown=shown):
+            raise GpuError(f"MPS memory limit on GPU {d.gpu.index}",
+                           f"set {mib}M, the daemon reads back {shown!r}")
+        out["memory"] = shown
+    if pct is not None:
+        d.command(f"set_default_active_thread_percentage {pct}")
+        shown = d.command("get_default_active_thread_percentage")
+        if not readback_ok(want_pct=pct, shown_pct=shown):
+            raise GpuError(f"MPS thread percentage on GPU {d.gpu.index}",
+                           f"set {pct}, the daemon reads back {shown!r}")
+        out["compute"] = shown
+    return out
+
+
+def _down(host, d):
+    stopped = d.stop()
+    prev = d.read_state().get("previous_mode")
+    if prev and prev != "Exclusive_Process":
+        _smi_mode(host, d.gpu, prev.upper())
+    d.remove()
+    return {"gpu": d.gpu.index, "stopped": stopped, "restored_mode": prev}
+
+
+def main(argv):
+    a = _args(argv)
+    host, daemons = _daemons(a)
+    rows = []
+    for d in daemons:
+        if a.action == "up":
+            rows.append(_up(host, d, a))
+        elif a.action == "down":
+            rows.append(_down(host, d))
+        else:
+            from .share import dmem_status, tier_line
+            st = d.status()
+            st["tier"] = tier_line(_smi_mode(host, d.gpu)) if st["running"] else None
+            st["dmem"] = dmem_status()[1]
+            rows.append(st)
+    if a.json:
+        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+        return 0
+    for r in rows:
+        if a.action == "status":
+            state = f"running, pid {r['pid']}" if r["running"] else r.get("error", "not running")
+            sys.stdout.write(f"GPU {r['gpu']}: MPS daemon {state}; pipe {r['pipe']}\n")
+            if r["tier"]:
+                sys.stdout.write(f"  {r['tier']}\n")
+            sys.stdout.write(f"  tier 3 (driver memory limits) unavailable: {r['dmem']}\n")
+        else:
+            sys.stdout.write(" ".join(f"{k}={v}" for k, v in r.items()) + "\n")
+    return 0
