@@ -1,0 +1,238 @@
+"""Sandboxed MPI ranks on a 3-node Slurm cluster made on one machine
+(scripts/slurm-testbed --nodes 3: one network, UTS and mount namespace per node,
+2 simulated GPUs each; docs/slurm-testbed.md).
+
+One cluster per module (per xdist worker); clients run in the cluster's fabric
+namespace.  The link test runs last: it takes a node's link down and waits until
+the node is back and idle.
+"""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from tests.integration import slurm_fixture as sf
+from tests.integration.conftest import BASE
+from tests.integration.test_mpi import LIBPMIX, MPICC, PKGS, build_image
+from tests.integration.test_slurm import listed_uuids, sim_uuids
+
+pytestmark = pytest.mark.slurm
+
+# A token passed once around all ranks: with ranks in block order over 3 nodes,
+# it crosses every node boundary, so it needs the inter-node transport.
+RING = r"""
+#include <mpi.h>
+#include <stdio.h>
+
+int main(int argc, char **argv)
+{
+    int rank, size, token = -1;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) {
+        int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+        if (rank == 0) {
+            token = 0;
+            MPI_Send(&token, 1, MPI_INT, next, 0, MPI_COMM_WORLD);
+            MPI_Recv(&token, 1, MPI_INT, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else {
+            MPI_Recv(&token, 1, MPI_INT, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            token++;
+            MPI_Send(&token, 1, MPI_INT, next, 0, MPI_COMM_WORLD);
+        }
+    }
+    printf("rank %d of %d token %d\n", rank, size, token);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(cli):
+    missing = [what for what, ok in ((MPICC, shutil.which(MPICC)),
+                                     (LIBPMIX, os.path.exists(LIBPMIX))) if not ok]
+    if missing:
+        pytest.skip(f"Open MPI/PMIx not installed ({', '.join(missing)} missing): "
+                    f"apt-get install -y --no-install-recommends {PKGS}")
+    # Not under /tmp: every node mounts its own.
+    BASE.mkdir(parents=True, exist_ok=True)
+    base = tempfile.mkdtemp(prefix="multinode-", dir=BASE)
+    os.chmod(base, 0o755)
+    bed = None
+    try:
+        src = os.path.join(base, "ring.c")
+        with open(src, "w") as f:
+            f.write(RING)
+        prog = os.path.join(base, "ring")
+        r = subprocess.run([MPICC, "-O2", "-o", prog, src], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        image = os.path.join(base, "image")
+        build_image(image, prog)
+        os.rename(os.path.join(image, "hello"), os.path.join(image, "ring"))
+        try:
+            bed = sf.slurm_cluster(base, nodes=3)
+        except sf.TestbedUnavailable as e:
+            pytest.skip(f"Slurm cluster unavailable: {e}")
+        bed.cli, bed.image, bed.base = cli, image, base
+        yield bed
+    finally:
+        if bed is not None:
+            bed.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def labelled(text):
+    """`srun --label` output -> {task: [lines]}."""
+    out = {}
+    for line in text.splitlines():
+        label, sep, rest = line.partition(": ")
+        if sep and label.strip().isdigit():
+            out.setdefault(int(label), []).append(rest)
+    return out
+
+
+def node_sim_uuids(tb, node):
+    return set(sim_uuids(os.path.join(tb.state, "nodes", node, "sim")).values())
+
+
+def residents(tb, node):
+    """Pids in the node's network namespace besides its holder and slurmd."""
+    want = os.readlink(f"/proc/{tb.holders[node]}/ns/net")
+    slurmd = sf_read_pid(os.path.join(tb.state, "nodes", node, "slurmd.pid"))
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) not in (tb.holders[node], slurmd):
+            try:
+                if os.readlink(f"/proc/{p}/ns/net") == want:
+                    out.append(int(p))
+            except OSError:
+                pass
+    return out
+
+
+def sf_read_pid(path):
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def node_states(tb):
+    r = tb.run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=20)
+    return dict(ln.split() for ln in r.stdout.splitlines() if len(ln.split()) == 2)
+
+
+def wait_for(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# --- the cluster itself ------------------------------------------------------------
+
+def test_each_node_has_its_own_host_view(cluster):
+    """Hostname, addresses, /etc/hosts, /tmp and /dev/shm per node; none of it on the host."""
+    r = cluster.srun(["-N3", "-n3", "--label", "sh", "-c",
+                      'echo "$(hostname) $(stat -c %d /dev/shm) $(stat -c %d /tmp) '
+                      '$(grep -c . /etc/hosts) $(ip -o -4 addr show dev eth0 | wc -l)"'])
+    assert r.returncode == 0, r.stderr
+    rows = {k: v[0].split() for k, v in labelled(r.stdout).items()}
+    assert sorted(row[0] for row in rows.values()) == cluster.nodes
+    assert len({row[1] for row in rows.values()}) == 3, rows    # three /dev/shm
+    assert len({row[2] for row in rows.values()}) == 3, rows    # three /tmp
+    assert all(row[3] == str(2 + len(cluster.nodes)) and row[4] == "1" for row in rows.values())
+    assert os.stat("/dev/shm").st_dev not in {int(row[1]) for row in rows.values()}
+    with open("/etc/hosts") as f:
+        assert cluster.nodes[0] not in f.read()
+
+
+# --- GPUs and MPI across nodes ------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["root", "rootless"])
+def test_six_ranks_on_three_nodes_get_their_gpu_and_talk_tcp(cluster, mode, test_user):
+    user = test_user if mode == "rootless" else None
+    net = ["--net", "host"] if mode == "root" else []
+    sandbox = [cluster.cli, "run", *net, "--gpus", "auto", "--driver-root", cluster.sim_dir,
+               cluster.image, "sh", "-c", "nvidia-smi -L; exec /ring"]
+    r = cluster.srun(["-N3", "-n6", "--gpus-per-task=1", "--mpi=pmix", "--label",
+                      "bash", "-c", 'echo "node $SLURMD_NODENAME"; exec "$@"', "-", *sandbox],
+                     env={"OMPI_MCA_btl": "self,tcp"}, user=user, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tasks = labelled(r.stdout)
+    assert sorted(tasks) == list(range(6)), r.stdout
+    per_node = {}
+    for task, lines in tasks.items():
+        node = lines[0].split()[1]
+        uuids = listed_uuids("\n".join(lines))
+        assert len(uuids) == 1, (task, lines)
+        assert uuids[0] in node_sim_uuids(cluster, node), (task, node, lines)
+        per_node.setdefault(node, []).append(uuids[0])
+        want = f"rank {task} of 6 token {5 if task == 0 else task}"
+        assert want in lines, (task, lines)
+    # Block distribution: two ranks per node, each with a GPU of its own.
+    assert sorted(per_node) == cluster.nodes
+    assert all(len(set(v)) == 2 for v in per_node.values()), per_node
+
+
+def test_pod_mode_ranks_of_a_node_use_shared_memory(cluster):
+    """Pod mode (`run --share node`): two ranks of one node reach each other with
+    Open MPI's shared-memory BTL alone (self,vader: no TCP to fall back to), and
+    keep one GPU each.  Skipped while this gpusandbox has no --share."""
+    h = subprocess.run([cluster.cli, "run", "--help"], capture_output=True, text=True)
+    if "--share" not in h.stdout + h.stderr:
+        pytest.skip("this gpusandbox has no `run --share` (pod mode)")
+    sandbox = [cluster.cli, "run", "--share", "node", "--gpus", "auto",
+               "--driver-root", cluster.sim_dir, cluster.image, "sh", "-c",
+               "nvidia-smi -L; exec /ring"]
+    r = cluster.srun(["-N1", "-n2", "--gpus-per-task=1", "--mpi=pmix", "--label", *sandbox],
+                     env={"OMPI_MCA_btl": "self,vader"}, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tasks = labelled(r.stdout)
+    assert "rank 0 of 2 token 1" in tasks[0], r.stdout
+    gpus = [listed_uuids("\n".join(tasks[t])) for t in (0, 1)]
+    assert all(len(g) == 1 for g in gpus) and gpus[0] != gpus[1], r.stdout
+
+
+# --- a node lost in mid-job (last: it takes the cluster through a node failure) -------
+
+def test_node_link_down_fails_the_job_and_leaves_nothing(cluster, test_user):
+    marks = os.path.join(cluster.base, "marks")
+    os.mkdir(marks)
+    os.chown(marks, test_user.pw_uid, test_user.pw_gid)
+    sandbox = [cluster.cli, "run", "-v", f"{marks}:/out", cluster.image, "sh", "-c",
+               'touch /out/$SLURM_PROCID; exec sleep 300']
+    p = cluster.srun_bg(["-N3", "-n3", "--job-name=linkdown", *sandbox], user=test_user)
+    lost = cluster.nodes[-1]
+    veth = f"v{lost}"[-15:]
+    try:
+        wait_for(lambda: len(os.listdir(marks)) == 3 or p.poll() is not None, 60,
+                 "three sandboxes to start")
+        assert p.poll() is None, p.communicate()
+        jobid = cluster.run(["squeue", "-h", "-n", "linkdown", "-o", "%i"]).stdout.strip()
+        assert jobid.isdigit(), jobid
+        subprocess.run(cluster.prefix + ["ip", "link", "set", veth, "down"], check=True)
+        out, err = p.communicate(timeout=90)
+        assert p.returncode != 0, out + err
+        rec = cluster.wait_done(jobid, timeout=30)
+        assert rec["JobState"] not in ("COMPLETED", "RUNNING"), rec
+    finally:
+        subprocess.run(cluster.prefix + ["ip", "link", "set", veth, "up"])
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    # The node comes back (ReturnToService=2) and is told to end the job it kept.
+    wait_for(lambda: node_states(cluster).get(lost) == "idle", 60, f"{lost} to be idle again")
+    wait_for(lambda: not any(residents(cluster, n) for n in cluster.nodes), 30,
+             "every node to be left with only its slurmd: "
+             + str({n: residents(cluster, n) for n in cluster.nodes}))
+    assert cluster.job_cgroups(jobid, uid=test_user.pw_uid) == []
