@@ -19,6 +19,7 @@ commands:
   list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
   doctor [--gpus SEL] [IMAGE_DIR]             check launcher, driver and image, one line per check
   sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)
+  slurm-oci run|state|kill|delete BUNDLE      the runtime of Slurm's oci.conf (srun --container)
   version                                     print the version
 """
 
@@ -58,6 +59,8 @@ def main(argv=None):
         return _report_cmd("gpusandbox.doctor", "main", rest)
     if cmd == "sim":
         return _report_cmd("gpusandbox.gpu.sim", "main", rest)
+    if cmd == "slurm-oci":
+        return _report_cmd("gpusandbox.hpc.slurmoci", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):
         return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
     if cmd in ("version", "--version"):

@@ -6,6 +6,7 @@ One cluster per module (per xdist worker); clients run in the cluster's fabric
 namespace.  The link test runs last: it takes a node's link down and waits until
 the node is back and idle.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -51,6 +52,13 @@ int main(int argc, char **argv)
 }
 """
 
+OCI_CONF = """\
+RunTimeRun="{cli} slurm-oci run --gpus auto --driver-root {sim} %b"
+RunTimeQuery="{cli} slurm-oci state %b"
+RunTimeKill="{cli} slurm-oci kill %b"
+RunTimeDelete="{cli} slurm-oci delete %b"
+"""
+
 
 @pytest.fixture(scope="module")
 def cluster(cli):
@@ -71,14 +79,25 @@ def cluster(cli):
         prog = os.path.join(base, "ring")
         r = subprocess.run([MPICC, "-O2", "-o", prog, src], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        image = os.path.join(base, "image")
+        # The image is also the root of an OCI bundle for `srun --container`.
+        bundle = os.path.join(base, "bundle")
+        image = os.path.join(bundle, "rootfs")
         build_image(image, prog)
         os.rename(os.path.join(image, "hello"), os.path.join(image, "ring"))
+        with open(os.path.join(image, "bundle-marker"), "w") as f:
+            f.write("the bundle's rootfs\n")
+        with open(os.path.join(bundle, "config.json"), "w") as f:
+            json.dump({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+                       "process": {"args": ["sh"], "cwd": "/",
+                                   "env": ["PATH=/usr/bin:/bin", "BUNDLE_VAR=from-bundle"]}}, f)
         try:
             bed = sf.slurm_cluster(base, nodes=3)
         except sf.TestbedUnavailable as e:
             pytest.skip(f"Slurm cluster unavailable: {e}")
-        bed.cli, bed.image, bed.base = cli, image, base
+        bed.cli, bed.image, bed.bundle, bed.base = cli, image, bundle, base
+        # Read by slurmstepd for --container steps only (next to slurm.conf).
+        with open(os.path.join(bed.state, "oci.conf"), "w") as f:
+            f.write(OCI_CONF.format(cli=cli, sim=bed.sim_dir))
         yield bed
     finally:
         if bed is not None:
@@ -201,6 +220,53 @@ def test_pod_mode_ranks_of_a_node_use_shared_memory(cluster):
     assert "rank 0 of 2 token 1" in tasks[0], r.stdout
     gpus = [listed_uuids("\n".join(tasks[t])) for t in (0, 1)]
     assert all(len(g) == 1 for g in gpus) and gpus[0] != gpus[1], r.stdout
+
+
+# --- Slurm's own container interface (oci.conf) ---------------------------------------
+
+@pytest.mark.parametrize("mode", ["root", "rootless"])
+def test_srun_container_runs_the_bundle_through_gpusandbox(cluster, mode, test_user):
+    """srun --container=BUNDLE on three nodes (one task per node: Slurm 22.05's
+    limit): each task runs in the bundle's rootfs with the bundle's env, the step's
+    Slurm env (through the bundle slurmstepd writes) and the one GPU its device
+    cgroup allows on its node."""
+    user = test_user if mode == "rootless" else None
+    r = cluster.srun(["-N3", "-n3", "--gpus-per-task=1", f"--container={cluster.bundle}",
+                      "--label", "sh", "-c",
+                      'echo "$SLURM_STEP_NUM_TASKS $BUNDLE_VAR $(cat /bundle-marker)"; '
+                      'nvidia-smi -L'],
+                     user=user, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tasks = labelled(r.stdout)
+    assert sorted(tasks) == [0, 1, 2], r.stdout
+    owner = {u: n for n in cluster.nodes for u in node_sim_uuids(cluster, n)}
+    nodes = []
+    for task, lines in tasks.items():
+        assert lines[0] == "3 from-bundle the bundle's rootfs", lines
+        uuids = listed_uuids("\n".join(lines))
+        assert len(uuids) == 1 and uuids[0] in owner, lines
+        nodes.append(owner[uuids[0]])
+    # One task per node, each with a GPU of the node it ran on.
+    assert sorted(nodes) == cluster.nodes, r.stdout
+    # slurmstepd removes its step bundles: the runtime left nothing in them.
+    left = [d for n in cluster.nodes
+            for d in os.listdir(os.path.join(cluster.state, "nodes", n, "spool"))
+            if d.startswith("oci-job")]
+    assert left == [], left
+
+
+@pytest.mark.parametrize("config, why", [
+    (None, "cannot read"),
+    ({"root": {"path": "/x/rootfs"}, "process": {"args": "sh"}}, "process.args is not a list"),
+    ({"root": {"path": "rootfs"}, "process": {"args": ["sh"]}}, "root.path is not an absolute"),
+])
+def test_slurm_oci_refuses_a_bad_step_bundle(cli, tmp_path, config, why):
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    r = subprocess.run([cli, "slurm-oci", "run", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 125, r.stderr
+    assert r.stderr.startswith("gpusandbox: error: ") and why in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) <= 2, r.stderr
 
 
 # --- a node lost in mid-job (last: it takes the cluster through a node failure) -------
