@@ -248,11 +248,19 @@ def test_srun_container_runs_the_bundle_through_gpusandbox(cluster, mode, test_u
         nodes.append(owner[uuids[0]])
     # One task per node, each with a GPU of the node it ran on.
     assert sorted(nodes) == cluster.nodes, r.stdout
-    # slurmstepd removes its step bundles: the runtime left nothing in them.
-    left = [d for n in cluster.nodes
-            for d in os.listdir(os.path.join(cluster.state, "nodes", n, "spool"))
-            if d.startswith("oci-job")]
-    assert left == [], left
+    # slurmstepd removes its step bundles once the step ends (srun may return
+    # first): the runtime must leave nothing in them or the rmdir fails.
+    def bundles():
+        return [os.path.join(n, d) for n in cluster.nodes
+                for d in os.listdir(os.path.join(cluster.state, "nodes", n, "spool"))
+                if d.startswith("oci-job")]
+    try:
+        wait_for(lambda: not bundles(), 15, "step bundles to be removed")
+    except AssertionError:
+        raise AssertionError({b: os.listdir(os.path.join(cluster.state, "nodes",
+                                                         b.split("/")[0], "spool",
+                                                         b.split("/")[1]))
+                              for b in bundles()}) from None
 
 
 @pytest.mark.parametrize("config, why", [
