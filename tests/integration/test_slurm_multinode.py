@@ -277,6 +277,72 @@ def test_slurm_oci_refuses_a_bad_step_bundle(cli, tmp_path, config, why):
     assert len(r.stderr.splitlines()) <= 2, r.stderr
 
 
+# --- images at node scale -------------------------------------------------------------
+
+def live_keepers():
+    """pids of running (not zombie) node image keepers (hpc/nodeimage.py)."""
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if "(gsbx-nodeimage)" in stat and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            out.append(int(p))
+    return out
+
+
+def loops_backed_by(path):
+    out = []
+    for dev in os.listdir("/sys/block"):
+        try:
+            with open(f"/sys/block/{dev}/loop/backing_file") as f:
+                if f.read().strip() == path:
+                    out.append(dev)
+        except OSError:
+            continue
+    return out
+
+
+def test_ranks_of_a_node_share_one_squashfs_mount(cluster):
+    """Six root ranks on three nodes run one FILE.sqsh: three loop devices (one
+    squashfs mount per node, held by one keeper per node), none once the job ended."""
+    if not shutil.which("mksquashfs"):
+        pytest.skip("mksquashfs not installed (squashfs-tools)")
+    sqsh = os.path.join(cluster.base, "ring.sqsh")
+    subprocess.run(["mksquashfs", cluster.image, sqsh, "-quiet", "-noappend"], check=True,
+                   stdout=subprocess.DEVNULL)
+    marks = os.path.join(cluster.base, "sqsh-marks")
+    os.mkdir(marks)
+    script = ('touch /out/$SLURM_PROCID; i=0; while [ ! -e /out/go ] && [ $i -lt 600 ]; '
+              'do sleep 0.1; i=$((i+1)); done; exec /ring')
+    p = cluster.srun_bg(["-N3", "-n6", "--mpi=pmix", "--label", cluster.cli, "run",
+                         "--net", "host", "-v", f"{marks}:/out", sqsh, "sh", "-c", script],
+                        env={"OMPI_MCA_btl": "self,tcp"})
+    try:
+        wait_for(lambda: len(os.listdir(marks)) == 6 or p.poll() is not None, 60,
+                 "six ranks to start")
+        assert p.poll() is None, p.communicate()
+        loops, keepers = loops_backed_by(sqsh), live_keepers()
+        open(os.path.join(marks, "go"), "w").close()
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, out + err
+    assert "0: rank 0 of 6 token 5" in out.splitlines(), out
+    assert len(loops) == 3, loops
+    assert len(keepers) == 3, keepers
+    # The last rank of each node ends its keeper: no mount, loop device or file stays.
+    wait_for(lambda: not loops_backed_by(sqsh) and not set(keepers) & set(live_keepers()),
+             15, "the keepers to end and the loop devices to go")
+    left = [f for f in os.listdir("/run/gpusandbox/nodeimage")
+            if f.startswith(tuple(cluster.nodes))]
+    assert left == [], left
+
+
 # --- a node lost in mid-job (last: it takes the cluster through a node failure) -------
 
 def test_node_link_down_fails_the_job_and_leaves_nothing(cluster, test_user):
