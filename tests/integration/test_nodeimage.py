@@ -4,12 +4,14 @@ one loop device for concurrent launches, and none, no keeper and no file once th
 last launcher is gone, SIGKILL included.  The multi-node case is in
 test_slurm_multinode.py."""
 import os
+import shutil
 import signal
 import subprocess
 
-from .conftest import kill_quietly, wait_for
-from .test_sqsh import loops_backed_by, sqsh, sqsh_dir, fuse_usable  # noqa: F401
-from .test_slurm_multinode import live_keepers
+import pytest
+
+from .conftest import REPO, kill_quietly, wait_for
+from .test_slurm_multinode import live_keepers, loops_backed_by
 
 NODEIMAGE_DIR = "/run/gpusandbox/nodeimage"
 
@@ -21,6 +23,23 @@ def key_files(path):
         return [f for f in os.listdir(NODEIMAGE_DIR) if mark in f]
     except FileNotFoundError:
         return []
+
+
+@pytest.fixture
+def sqsh(shared_tmp):
+    """A small squashfs image of its own (the loop devices counted are this test's),
+    stored uncompressed: mksquashfs then takes a fraction of a second."""
+    if not shutil.which("mksquashfs"):
+        pytest.skip("mksquashfs not installed (squashfs-tools)")
+    root = shared_tmp / "root"
+    subprocess.run([str(REPO / "scripts" / "mkrootfs"), str(root), "--no-python"],
+                   check=True, capture_output=True)
+    (root / "etc" / "marker").write_text("inside the sqsh\n")
+    path = shared_tmp / "img.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(path), "-noappend", "-quiet", "-no-progress",
+                    "-noI", "-noD", "-noF", "-noX"], check=True, capture_output=True)
+    shutil.rmtree(root)
+    return str(path)
 
 
 def test_concurrent_launches_share_one_mount_until_the_last_is_killed(root_runner, sqsh):
