@@ -113,7 +113,7 @@ def _starttime(pid):
 
 
 def _keeper(dfd, key):
-    """(pid, fd number) of the live keeper for key, else None."""
+    """(pid, fd number, start time) of the live keeper for key, else None."""
     try:
         fd = os.open(f"{key}.keeper", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
     except FileNotFoundError:
@@ -125,7 +125,7 @@ def _keeper(dfd, key):
     if len(fields) != 3 or not all(x.isdigit() for x in fields):
         return None
     pid, start, num = int(fields[0]), fields[1].decode(), int(fields[2])
-    return (pid, num) if _starttime(pid) == start else None
+    return (pid, num, start) if _starttime(pid) == start else None
 
 
 def _clone(fd):
@@ -133,9 +133,13 @@ def _clone(fd):
 
 
 def _clone_from(keeper):
-    pid, num = keeper
+    pid, num, start = keeper
     src = os.open(f"/proc/{pid}/fd/{num}", k.O_PATH | os.O_CLOEXEC)
     try:
+        # Still the keeper after the open: the fd is its mount, not a descriptor
+        # of a process that got the pid since.
+        if _starttime(pid) != start:
+            raise OSError(errno.ESRCH, "the keeper ended")
         return _clone(src)
     finally:
         os.close(src)

@@ -236,7 +236,7 @@ def test_pod_mode_ranks_of_a_node_use_shared_memory(cluster):
     h = subprocess.run([cluster.cli, "run", "--help"], capture_output=True, text=True)
     if "--share" not in h.stdout + h.stderr:
         pytest.skip("this gpusandbox has no `run --share` (pod mode)")
-    sandbox = [cluster.cli, "run", "--share", "node", "--gpus", "auto",
+    sandbox = [cluster.cli, "run", "--share", "node", "--net", "host", "--gpus", "auto",
                "--driver-root", cluster.sim_dir, cluster.image, "sh", "-c",
                "nvidia-smi -L; exec /ring"]
     r = cluster.srun(["-N1", "-n2", "--gpus-per-task=1", "--mpi=pmix", "--label", *sandbox],
