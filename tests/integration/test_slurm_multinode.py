@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,11 +21,14 @@ from pathlib import Path
 import pytest
 
 from tests.integration import slurm_fixture as sf
+from tests.integration.registry_fixture import REGISTRY_BIN, Registry, build_images
 from tests.integration.conftest import BASE
 from tests.integration.test_mpi import LIBPMIX, MPICC, PKGS, build_image
 from tests.integration.test_slurm import listed_uuids, sim_uuids
 
 pytestmark = pytest.mark.slurm
+
+FABRIC_ADDR = "10.77.0.1"   # scripts/slurm_testbed_nodes.py HEAD
 
 # A token passed once around all ranks: with ranks in block order over 3 nodes,
 # it crosses every node boundary, so it needs the inter-node transport.
@@ -368,6 +372,77 @@ def test_ranks_of_a_node_share_one_squashfs_mount(cluster):
     left = [f for f in os.listdir("/run/gpusandbox/nodeimage")
             if f.startswith(tuple(cluster.nodes))]
     assert left == [], left
+
+
+class FabricRegistry(Registry):
+    """Debian's docker-registry in the cluster's fabric namespace, where every node
+    reaches it (plain http: pull with --tls-verify=false)."""
+
+    def __init__(self, top, prefix):
+        self.top, self.prefix = Path(top), prefix
+        self.top.mkdir()
+        self.host = f"{FABRIC_ADDR}:5000"
+        (self.top / "config.yml").write_text(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
+            f"    rootdirectory: {self.top / 'data'}\nhttp:\n  addr: {self.host}\n"
+            f"  secret: {os.urandom(8).hex()}\n")
+        self.log = open(self.top / "registry.log", "wb")
+        # nsenter execs the registry: the pid is the registry's.
+        self.proc = subprocess.Popen(prefix + [REGISTRY_BIN, "serve", str(self.top / "config.yml")],
+                                     stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        probe = prefix + [sys.executable, "-c", "import urllib.request as u; "
+                          f"u.urlopen('http://{self.host}/v2/', timeout=2).close()"]
+        try:
+            wait_for(lambda: self.proc.poll() is not None or
+                     subprocess.run(probe, capture_output=True).returncode == 0, 30,
+                     "docker-registry in the fabric")
+            assert self.proc.poll() is None, (self.top / "registry.log").read_text()[-2000:]
+        except BaseException:
+            self.stop()
+            raise
+
+    def push(self, layout, tag, repo, creds=None, all_=False, dest_tag=None):
+        subprocess.run(self.prefix + ["skopeo", "--insecure-policy", "copy", "-q",
+                                      "--dest-tls-verify=false", f"oci:{layout}:{tag}",
+                                      f"docker://{self.host}/{repo}:{tag}"],
+                       check=True, timeout=600, stdout=subprocess.DEVNULL,
+                       env=dict(os.environ, TMPDIR=str(self.top)))
+
+
+def test_a_cold_shared_store_serves_every_node_from_one_pull(cluster):
+    """Three nodes pull one image at once into one store on a shared filesystem:
+    all get it, and the registry served each blob once (the store's per-blob locks
+    hold across nodes)."""
+    for tool in (REGISTRY_BIN, "skopeo", "zstd"):
+        if not shutil.which(tool) and not os.path.exists(tool):
+            pytest.skip(f"{tool} is not installed (scripts/test installs it)")
+    top = Path(cluster.base) / "pull"
+    top.mkdir()
+    layout, info = build_images(top)
+    reg = FabricRegistry(top / "registry", cluster.prefix)
+    try:
+        reg.push(layout, "simple", "test/simple")
+        store = top / "store"
+        store.mkdir(mode=0o700)   # root's own store, shared by the nodes through the filesystem
+        since = reg.log_size()
+        ref = f"docker://{reg.host}/test/simple:simple"
+        r = cluster.srun(["-N3", "-n3", "--label", cluster.cli, "pull", "-q",
+                          "--tls-verify=false", ref],
+                         env={"GPUSANDBOX_STORE": str(store)}, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        digests = {line.split(": ", 1)[1] for line in r.stdout.splitlines()}
+        assert len(r.stdout.splitlines()) == 3 and len(digests) == 1, r.stdout
+        manifest = info["simple"]["manifest"]
+        if isinstance(manifest, (bytes, str)):
+            manifest = json.loads(manifest)
+        layers = len(manifest["layers"])
+        gets = wait_for(lambda: (g := reg.blob_gets(since)) and len(g) > layers and g,
+                        20, "the registry's access log")
+        # The config and every layer, each once.
+        assert len(gets) == layers + 1 and set(gets.values()) == {1}, gets
+    finally:
+        reg.stop()
 
 
 # --- a node lost in mid-job (last: it takes the cluster through a node failure) -------
