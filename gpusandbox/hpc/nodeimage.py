@@ -90,9 +90,8 @@ def _open_dir():
 
 
 def _open_current(dfd, name):
-    """fd of dfd/name that is still the file of that name (it may be removed and
-    made anew by a retiring keeper between open and flock): call with the lock
-    taken and check with _still_named."""
+    """fd of dfd/name, made if missing.  A retiring keeper may remove the file
+    between this open and the flock: _still_named says whether it is still the one."""
     return os.open(name, _FILE, 0o600, dir_fd=dfd)
 
 
