@@ -30,6 +30,8 @@ rank whose lock file was removed while it waited opens the new one.
 Used by real-root launches (kernel squashfs) inside a Slurm job, or anywhere with
 GPUSANDBOX_NODE_IMAGE=1 (GPUSANDBOX_NODE_IMAGE=0 turns it off).  Rootless launches
 keep one squashfuse per rank: a fuse mount lives in its helper's user namespace.
+A kernel that cannot clone a detached mount (before 6.15: EINVAL) gives each rank a
+mount of its own, as without sharing.
 """
 import errno
 import fcntl
@@ -179,8 +181,19 @@ def acquire(filefd, mount):
                 if clone is None:
                     mnt = mount()
                     try:
-                        _start_keeper(dfd, key, mnt)
                         clone = _clone(mnt)
+                    except OSError as e:
+                        if e.errno != errno.EINVAL:
+                            os.close(mnt)
+                            raise
+                        # A kernel before 6.15 cannot clone a detached mount:
+                        # this rank runs on a mount of its own, as without sharing.
+                        return mnt
+                    try:
+                        _start_keeper(dfd, key, mnt)
+                    except BaseException:
+                        os.close(clone)
+                        raise
                     finally:
                         os.close(mnt)
                 _HELD.append((ref, key))
