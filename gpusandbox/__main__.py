@@ -25,6 +25,7 @@ commands:
   oci-filter                                  podman hooks.d precreate filter (config.json in/out)
   runtime configure --runtime ENGINE          register gpusandbox-runtime with podman/docker/containerd
   mps up|down|status [--gpus SEL] [--exclusive]  the caller's MPS daemons (docs/sharing.md)
+  slurm-oci run|state|kill|delete BUNDLE      the runtime of Slurm's oci.conf (srun --container)
   version                                     print the version
 """
 
@@ -74,6 +75,8 @@ def main(argv=None):
         return _report_cmd("gpusandbox.oci.runtimeconf", "main", rest)
     if cmd == "mps":
         return _report_cmd("gpusandbox.gpu.mpscli", "main", rest)
+    if cmd == "slurm-oci":
+        return _report_cmd("gpusandbox.hpc.slurmoci", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):
         return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
     if cmd in ("version", "--version"):

@@ -138,14 +138,24 @@ def mount_image(image, plan):
             pid, mnt = squashfuse.mount(image, filefd)
             plan.squash, plan.squash_pid = "fuse", pid
             return os.path.abspath(image), mnt
-        try:
-            lfd, n = _loop_attach(filefd)
-        except OSError as e:
-            raise UsageError(f"cannot attach {image} to a loop device", e.strerror,
-                             "check that /dev/loop-control exists (modprobe loop)") from None
+        plan.squash = "kernel"
+        from ..hpc import nodeimage
+        if nodeimage.enabled():
+            # Ranks of a node running the same file share one mount (hpc/nodeimage.py).
+            return os.path.abspath(image), nodeimage.acquire(
+                filefd, lambda: _kernel_mount(image, filefd))
+        return os.path.abspath(image), _kernel_mount(image, filefd)
     finally:
         os.close(filefd)
-    plan.squash = "kernel"
+
+
+def _kernel_mount(image, filefd):
+    """fd of a new detached read-only squashfs mount of filefd through a loop device."""
+    try:
+        lfd, n = _loop_attach(filefd)
+    except OSError as e:
+        raise UsageError(f"cannot attach {image} to a loop device", e.strerror,
+                         "check that /dev/loop-control exists (modprobe loop)") from None
     try:
         fsfd = k.fsopen("squashfs")
         try:
@@ -154,8 +164,8 @@ def mount_image(image, plan):
             k.fsconfig(fsfd, "source", f"/proc/self/fd/{lfd}")
             # A read-only superblock: the device is opened for reading only.
             k.fsconfig(fsfd, "ro")
-            return os.path.abspath(image), k.fsmount(
-                fsfd, k.MOUNT_ATTR_RDONLY | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV)
+            return k.fsmount(fsfd, k.MOUNT_ATTR_RDONLY | k.MOUNT_ATTR_NOSUID
+                             | k.MOUNT_ATTR_NODEV)
         finally:
             os.close(fsfd)
     except OSError as e:
@@ -166,4 +176,3 @@ def mount_image(image, plan):
     finally:
         # Autoclear: with the mount made, the device now lives as long as it.
         os.close(lfd)
-

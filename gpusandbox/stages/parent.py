@@ -141,6 +141,9 @@ def launch(spec):
         if plan.squash_pid:
             from ..image import squashfuse
             squashfuse.stop(plan.squash_pid)
+        if plan.squash == "kernel":
+            from ..hpc import nodeimage
+            nodeimage.release()
         seen = len(cg.notes)
         cg.teardown()
         if spec.verbose:

@@ -40,10 +40,14 @@ def _free_port_pair(first=16817, tries=40):
 
 
 class SlurmTestbed:
-    def __init__(self, state, conf, node, constrain, sim_dir):
+    def __init__(self, state, conf, node, constrain, sim_dir, prefix=(), holders=None):
         self.state, self.conf, self.node = state, conf, node
         self.constrain, self.sim_dir = constrain, sim_dir
         self._scripts = 0
+        # Multi-node: clients run in the fabric's network namespace (prefix), and
+        # holders maps each node name to the pid holding its namespaces.
+        self.prefix, self.holders = list(prefix), dict(holders or {})
+        self.nodes = list(self.holders) or [node]
 
     # --- clients -------------------------------------------------------------
     def environ(self, extra=None):
@@ -57,7 +61,7 @@ class SlurmTestbed:
     def run(self, argv, env=None, timeout=60, user=None):
         """A Slurm client command; `user` (a pwd entry) submits as that user, so the
         job's tasks run unprivileged as they do on a cluster."""
-        return subprocess.run(_as(user, argv), env=self.environ(env), cwd="/",
+        return subprocess.run(self.prefix + _as(user, argv), env=self.environ(env), cwd="/",
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, timeout=timeout)
 
@@ -65,7 +69,8 @@ class SlurmTestbed:
         return self.run(["srun", "--quiet", *args], env=env, timeout=timeout, user=user)
 
     def srun_bg(self, args, env=None, user=None):
-        return subprocess.Popen(_as(user, ["srun", "--quiet", *args]), env=self.environ(env),
+        return subprocess.Popen(self.prefix + _as(user, ["srun", "--quiet", *args]),
+                                env=self.environ(env),
                                 cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
@@ -138,14 +143,21 @@ class SlurmTestbed:
         return pids
 
     def job_cgroups(self, jobid, uid=0):
-        """The v1 cgroup directories Slurm made for this job that still exist."""
+        """The v1 cgroup directories Slurm made for this job that still exist (any node)."""
         out = []
-        for ctrl in ("freezer", "devices"):
-            uid_dir = os.path.join("/sys/fs/cgroup", ctrl, f"slurm_{self.node}", f"uid_{uid}")
-            path = os.path.join(uid_dir, f"job_{jobid}")
-            if os.path.isdir(path):
-                out.append(path)
+        for node in self.nodes:
+            for ctrl in ("freezer", "devices"):
+                uid_dir = os.path.join("/sys/fs/cgroup", ctrl, f"slurm_{node}", f"uid_{uid}")
+                path = os.path.join(uid_dir, f"job_{jobid}")
+                if os.path.isdir(path):
+                    out.append(path)
         return out
+
+    def on_node(self, node, argv, timeout=30):
+        """Run argv as root in node's namespaces (network, hostname, mounts)."""
+        return subprocess.run(["nsenter", "-t", str(self.holders[node]), "-n", "-u", "-m", "--",
+                               *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=timeout)
 
     # --- lifecycle -------------------------------------------------------------
     def stop(self):
@@ -191,3 +203,32 @@ def slurm_testbed(tmp_root, sim_dir, constrain=True):
         env = dict(ln.strip().split("=", 1) for ln in f if "=" in ln)
     return SlurmTestbed(state, env["SLURM_CONF"], env["NODE"], constrain, str(sim_dir))
 
+
+
+def slurm_cluster(state_root, nodes=3, constrain=True):
+    """Start `scripts/slurm-testbed --nodes N` in state_root/cluster: N nodes in their
+    own namespaces, 2 simulated GPUs each, bound at tb.sim_dir on every node.
+    state_root must not be under /tmp (every node has its own /tmp) and must be
+    searchable by every user who submits jobs."""
+    if os.geteuid() != 0:
+        raise TestbedUnavailable("the Slurm testbed needs root (slurmd runs as root)")
+    if not os.path.isdir("/sys/fs/cgroup/freezer") or \
+            (constrain and not os.path.isdir("/sys/fs/cgroup/devices")):
+        raise TestbedUnavailable("task/cgroup here needs cgroup v1 freezer and devices controllers")
+    state = os.path.join(str(state_root), "cluster")
+    os.makedirs(state, exist_ok=True)
+    # Only names hang on the port (cgroup trees slurm_tb<port>n<i>): every cluster
+    # has its own network namespaces, so its ports never meet the host's.
+    port = 18000 + 2 * (os.getpid() % 1000)
+    r = subprocess.run([sys.executable, TESTBED, "start", "--nodes", str(nodes),
+                        "--state", state, "--constrain-devices", "yes" if constrain else "no",
+                        "--port", str(port)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
+    if r.returncode:
+        raise TestbedUnavailable(f"slurm-testbed start --nodes failed: {r.stderr.strip()[-500:]}")
+    with open(os.path.join(state, "env")) as f:
+        env = dict(ln.strip().split("=", 1) for ln in f if "=" in ln)
+    holders = {n: int(env[f"HOLDER_{n}"]) for n in env["NODES"].split(",")}
+    return SlurmTestbed(state, env["SLURM_CONF"], env["NODE"], constrain,
+                        os.path.join(state, "sim"),
+                        prefix=["nsenter", "-t", env["FABRIC"], "-n", "--"], holders=holders)

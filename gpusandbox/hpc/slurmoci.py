@@ -1,0 +1,177 @@
+"""`gpusandbox slurm-oci`: gpusandbox as the runtime of Slurm 22.05's oci.conf.
+
+    RunTimeRun="gpusandbox slurm-oci run [RUN OPTIONS] %b"
+    RunTimeQuery="gpusandbox slurm-oci state %b"
+    RunTimeKill="gpusandbox slurm-oci kill %b"
+    RunTimeDelete="gpusandbox slurm-oci delete %b"
+
+For `srun --container=DIR`, slurmstepd (22.05, src/slurmd/slurmstepd/container.c)
+reads DIR/config.json, writes a copy into a per-step directory (%b) with root.path
+set to DIR/rootfs (absolute), process.args set to the task's command and the task's
+environment appended to process.env, and then runs RunTimeRun through /bin/sh -c
+as the job's user -- in slurmstepd's own environment, not the task's.  So `run`
+takes from %b/config.json the command and the task's environment (SLURM_*, PMIX_*,
+the GPU allocation that `--gpus auto` resolves) and runs `gpusandbox run [RUN
+OPTIONS] DIR -- ARGS` with it: DIR is the user's own bundle, so its config.json's
+env and cwd apply exactly as for `gpusandbox run DIR`.
+
+What slurmstepd adds per task after that copy never reaches the runtime: SLURM_PROCID,
+SLURM_LOCALID, SLURM_NODEID, PMIX_RANK and the GPU variables (SLURM_STEP_GPUS,
+CUDA_VISIBLE_DEVICES).  The runtime does run in the task's device cgroup, though, so
+with `--gpus auto` and no GPU variable in the bundle, the GPUs are the ones that
+cgroup lets this task open (ConstrainDevices=yes): exactly the task's allocation.
+Without any denied device nothing tells which GPUs are the task's, and it gets none
+(with a note).
+
+The sandbox lives exactly as long as the RunTimeRun process (a launcher never
+outlives its sandbox), and slurmstepd asks for the state only after that process
+ended: `state` therefore reports "stopped", `kill` has nothing to signal and
+`delete` nothing to remove (slurmstepd removes %b itself; nothing may be left in it
+or its rmdir fails).
+"""
+import json
+import os
+import stat
+import sys
+
+from ..errors import UsageError, printable
+
+USAGE = ("usage: gpusandbox slurm-oci run [RUN OPTIONS] BUNDLE\n"
+         "       gpusandbox slurm-oci state|kill|delete BUNDLE [ARG...]\n")
+_MAX_CONFIG = 4 << 20
+_MAX_ITEMS = 65536
+
+
+def _bad(what, why, hint=None):
+    return UsageError(what, why, hint or "pass the %b of oci.conf: the bundle slurmstepd wrote")
+
+
+def read_step_config(bundle):
+    """(image, args, env) from the step bundle slurmstepd wrote; every field is
+    checked as data of the expected type."""
+    path = os.path.join(bundle, "config.json")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise _bad(f"cannot read {printable(path)}", e.strerror) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _bad(f"cannot read {printable(path)}", "not a regular file")
+        if st.st_size > _MAX_CONFIG:
+            raise _bad(f"cannot read {printable(path)}", f"larger than {_MAX_CONFIG} bytes")
+        data = os.read(fd, _MAX_CONFIG + 1)
+    finally:
+        os.close(fd)
+    what = f"invalid step bundle {printable(bundle)}"
+    try:
+        conf = json.loads(data)
+    except (ValueError, RecursionError):
+        raise _bad(what, "config.json is not valid JSON") from None
+    proc = conf.get("process") if isinstance(conf, dict) else None
+    root = conf.get("root") if isinstance(conf, dict) else None
+    if not isinstance(proc, dict) or not isinstance(root, dict):
+        raise _bad(what, "config.json has no process and root objects")
+    args, env, rootfs = proc.get("args"), proc.get("env", []), root.get("path")
+
+    def strings(v, name):
+        if not isinstance(v, list) or len(v) > _MAX_ITEMS or \
+                not all(isinstance(x, str) and "\0" not in x for x in v):
+            raise _bad(what, f"process.{name} is not a list of strings")
+        return v
+    args = strings(args, "args")
+    if not args:
+        raise _bad(what, "process.args is empty")
+    env = strings(env, "env")
+    if not isinstance(rootfs, str) or not rootfs.startswith("/") or "\0" in rootfs:
+        raise _bad(what, "root.path is not an absolute path")
+    # slurmstepd sets root.path to DIR/rootfs: hand gpusandbox DIR, the user's bundle,
+    # when it is one; any other root is run as a plain root filesystem.
+    rootfs = os.path.normpath(rootfs)
+    parent = os.path.dirname(rootfs)
+    image = parent if os.path.basename(rootfs) == "rootfs" and \
+        os.path.isfile(os.path.join(parent, "config.json")) else rootfs
+    return image, args, env
+
+
+def _environment(items):
+    """process.env as a dict, later entries winning (Slurm appends the task's)."""
+    out = {}
+    for item in items:
+        key, eq, val = item.partition("=")
+        if eq and key:
+            out[key] = val
+    return out
+
+
+def _opt(opts, name):
+    """The value of run option `name` in opts (`--name V` or `--name=V`), else None."""
+    val = None
+    for i, o in enumerate(opts):
+        if o == name and i + 1 < len(opts):
+            val = opts[i + 1]
+        elif o.startswith(name + "="):
+            val = o.split("=", 1)[1]
+    return val
+
+
+def _gpus_from_cgroup(opts, environ):
+    """opts with `--gpus auto` replaced by the GPUs this task's device cgroup allows,
+    when the bundle brought no GPU variable; opts unchanged otherwise."""
+    from .. import slurm
+    if _opt(opts, "--gpus") != "auto" or slurm.in_gpu_step(environ) or \
+            "SLURM_STEP_ID" not in environ:
+        return opts
+    from ..gpu import discover
+    host = discover.discover(_opt(opts, "--driver-root") or "/", _opt(opts, "--dev-root"))
+    verdict = {g.index: slurm.probe_node(slurm._node_path(host, g)) for g in host.gpus}
+    if False not in verdict.values():
+        if verdict:
+            sys.stderr.write("gpusandbox: note: slurm-oci: Slurm 22.05 gives an oci.conf runtime "
+                             "no GPU variables and no device cgroup limits this task, so it "
+                             "gets no GPU (set ConstrainDevices=yes in cgroup.conf)\n")
+        sel = "none"
+    else:
+        sel = ",".join(str(i) for i, ok in sorted(verdict.items()) if ok) or "none"
+    out = list(opts)
+    for i, o in enumerate(out):
+        if o == "--gpus" and i + 1 < len(out):
+            out[i + 1] = sel
+        elif o.startswith("--gpus="):
+            out[i] = "--gpus=" + sel
+    return out
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0 if argv else 125
+    op, rest = argv[0], argv[1:]
+    if op == "run":
+        if not rest:
+            raise UsageError("slurm-oci run: no BUNDLE", None, USAGE.splitlines()[0])
+        opts, bundle = rest[:-1], rest[-1]
+        image, args, env = read_step_config(bundle)
+        node = os.environ.get("SLURMD_NODENAME")
+        os.environ.clear()
+        os.environ.update(_environment(env))
+        if node:
+            # slurmstepd's own variable, the one per-task fact its environment has.
+            os.environ["SLURMD_NODENAME"] = node
+        opts = _gpus_from_cgroup(opts, os.environ)
+        from ..cli import main_run
+        code = main_run([*opts, image, "--", *args])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if op in ("state", "kill", "delete"):
+        if not rest:
+            raise UsageError(f"slurm-oci {op}: no BUNDLE", None, USAGE.splitlines()[1])
+        if op == "state":
+            bundle = os.path.abspath(rest[0])
+            json.dump({"ociVersion": "1.0.2", "id": os.path.basename(bundle.rstrip("/")),
+                       "status": "stopped", "bundle": bundle}, sys.stdout)
+            sys.stdout.write("\n")
+        return 0
+    raise UsageError(f"slurm-oci: unknown operation {printable(op)}", None,
+                     "one of run, state, kill, delete")
