@@ -234,7 +234,10 @@ def tree_checksum(root):
 # tests and the podman tests (tests/integration/oci_fixtures.py) run beside
 # other tests (podman's storage under their own temp dirs, removed at their
 # end): not ours.
-_PEER_MOUNTS = ("/tmp/gsbx-bench-", "/tmp/gsbx-test-podman-")
+# Mounts that tests running beside each other make on purpose: the bench smoke
+# test's and the OCI tests' podman stores, and the network namespaces root
+# podman pins under /run/netns for its containers.
+_PEER_MOUNTS = ("/tmp/gsbx-bench-", "/tmp/gsbx-test-podman-", "/run/netns/")
 
 
 def host_mounts():
