@@ -92,7 +92,7 @@ class LaunchPlan:
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
-                 "own_cgroup", "squash", "squash_pid")
+                 "own_cgroup", "squash", "squash_pid", "pod")
 
     def __init__(self, spec):
         self.spec = spec
@@ -109,6 +109,8 @@ class LaunchPlan:
         # init attaches the root over (image/squash.py).
         self.squash = None
         self.squash_pid = None
+        # Pod mode: an hpc.pod.Pod; the rank joins the pod's namespaces.
+        self.pod = None
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
@@ -346,6 +348,9 @@ def build(spec, host_env=None):
         plan.rootfs, plan.rootfd, config = image_root(spec.image)
         plan.root_id = root_identity(plan.rootfd, plan.rootfs)
     _identity(plan, spec, host_env)
+    if spec.share == "node" or (spec.share is None and host_env.get("SLURM_STEP_ID")):
+        from .hpc import pod
+        pod.plan_pod(plan, spec, host_env)
     if squash:
         config = _squash_root(plan, spec.image)
     rootfd = plan.rootfd

@@ -36,6 +36,8 @@ class RunSpec:
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
         # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
+        # pod mode (hpc/pod.py): --share, --shm-size, --gpu-visibility
+        "share", "shm_size", "gpu_visibility",
     )
 
     def __init__(self):
@@ -73,3 +75,6 @@ class RunSpec:
         self.image_ref = False       # IMAGE is an image reference (cli.is_image_ref)
         self.image_env = None        # (env items, workdir) of a store image's config
         self.pause_at = None
+        self.share = None            # node | none; None: node in a multi-task Slurm step
+        self.shm_size = None
+        self.gpu_visibility = None   # task | step

@@ -1,0 +1,1 @@
+"""HPC at node scale: pods of ranks sharing namespaces, Slurm."""
