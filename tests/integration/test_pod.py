@@ -191,3 +191,18 @@ def test_bad_pod_options_are_one_line_refusals(root_runner, rootfs, args, env, n
     lines = r.stderr.splitlines()
     assert lines[0].startswith("gpusandbox: error: ") and needle in lines[0], r.stderr
     assert len(lines) <= 2
+
+
+@pytest.mark.parametrize("mode", ["root", "rootless"])
+def test_doctor_mpi_probe_rank_sees_the_pod(mode, cli, test_user, rootfs, pod_env):
+    from tests.integration.conftest import Runner
+    runner = Runner(cli, mode, test_user)
+    r = runner.run(["doctor", "--mpi", "--share", "node", "--json", str(rootfs)], env=pod_env)
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert "rank probe" not in checks, checks["rank probe"]
+    assert checks["/dev/shm (rank)"]["status"] == "pass", checks
+    assert "1024 MiB" in checks["/dev/shm (rank)"]["detail"]
+    assert checks["hostname (rank)"]["status"] == "pass", checks
+    ns = checks["namespaces (rank)"]["detail"]
+    assert os.readlink("/proc/self/ns/pid") not in ns
+    assert os.readlink("/proc/self/ns/uts") in ns
