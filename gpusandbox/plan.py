@@ -300,6 +300,9 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
     if sel is None:
         return {}
+    if spec.gpu_visibility == "step":
+        from .hpc import gpuvis
+        sel = gpuvis.widen(sel, host, host_env, plan.notes)
     from .gpu import require
     warn = require.check(req_env, rootfd, host, None, host_env,
                          gpus=sel.node_gpus(), no_require=spec.no_require)
@@ -310,6 +313,8 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     missing = inject.warning(inject.plan(host, sel))
     if missing:
         plan.warnings.append(missing)
+    if spec.gpu_visibility == "step" and gpuvis.cuda_order(sel):
+        edits.env["CUDA_VISIBLE_DEVICES"] = gpuvis.cuda_order(sel)
     plan.edits.extend(edits)
     plan.device_rules = inject.device_rules(host, sel)
     return edits.env

@@ -39,6 +39,7 @@ kcmp = kc if kc >= 0 else -ctypes.get_errno()
 ns = {n: os.readlink(f"/proc/self/ns/{n}") for n in ("pid", "ipc", "user", "mnt")}
 print(json.dumps({"ns": ns, "shm": os.stat("/dev/shm").st_dev, "host": os.uname().nodename,
                   "cma": cma, "kcmp": kcmp, "pid": os.getpid(),
+                  "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
                   "gpus": sorted(d for d in os.listdir("/dev") if d[6:].isdigit()
                                  and d.startswith("nvidia"))}))
 with open(f"/dev/shm/{me}.done", "w"):
@@ -64,15 +65,20 @@ def test_ranks_share_namespaces_shm_and_cma_and_keep_their_gpus(
         mode, cli, test_user, rootfs, sim_host, pod_env):
     """Three ranks started at once: one keeper (one pid namespace), one
     /dev/shm, the host's hostname, kcmp and process_vm_readv across ranks,
-    each rank's own GPU only, and each rank's own exit code."""
+    each rank's own GPU only (or the job's, own first, with
+    --gpu-visibility step), and each rank's own exit code."""
     from tests.integration.conftest import Runner
     runner = Runner(cli, mode, test_user)
     names = ["a", "b", "c"]
     procs = []
+    # The job holds GPUs 0-2 (NVIDIA_VISIBLE_DEVICES); rank c asks to see them all.
+    env = {**pod_env, "NVIDIA_VISIBLE_DEVICES": "0,1,2"}
     for i, me in enumerate(names):
         peers = [p for p in names if p != me]
         gpu = ("--driver-root", sim_host.root, "--gpus", str(i))
-        procs.append(_rank(runner, rootfs, pod_env, me, peers, 3 + i, gpu))
+        if me == "c":
+            gpu += ("--gpu-visibility", "step")
+        procs.append(_rank(runner, rootfs, env, me, peers, 3 + i, gpu))
     outs = [p.communicate(timeout=90) for p in procs]
     reps = []
     for i, (p, (out, err)) in enumerate(zip(procs, outs)):
@@ -88,7 +94,12 @@ def test_ranks_share_namespaces_shm_and_cma_and_keep_their_gpus(
     assert [r["cma"] for r in reps] == ["secret-of-b", "secret-of-a", "secret-of-a"]
     assert all(r["kcmp"] >= 0 for r in reps), reps
     minors = [g["minor"] for g in sim_host.gpus]
-    assert [r["gpus"] for r in reps] == [[f"nvidia{minors[i]}"] for i in range(3)]
+    assert [r["gpus"] for r in reps[:2]] == [[f"nvidia{minors[i]}"] for i in range(2)]
+    # --gpu-visibility step: every GPU of the job, the rank's own first for CUDA.
+    assert reps[2]["gpus"] == sorted(f"nvidia{minors[i]}" for i in range(3))
+    uuids = [g["uuid"] for g in sim_host.gpus]
+    assert reps[2]["cvd"] == ",".join([uuids[2], uuids[0], uuids[1]])
+    assert reps[0]["cvd"] is None
 
 
 def _ns_of(pid, name="pid"):
