@@ -38,6 +38,7 @@ DEFAULT_SHM = 1 << 30
 NS_ORDER = (("user", k.CLONE_NEWUSER), ("pid", k.CLONE_NEWPID),
             ("ipc", k.CLONE_NEWIPC), ("mnt", k.CLONE_NEWNS))
 PR_SET_CHILD_SUBREAPER = 36
+_LE = __import__("sys").byteorder == "little"
 _HINT = "pass --share none to run every rank isolated (MPI then needs OMPI_MCA_btl=self,tcp)"
 
 
@@ -228,8 +229,9 @@ class Member:
 
     def register(self, pidfd):
         """Hand the keeper the rank's init, so it cleans up after it."""
-        import socket
-        socket.send_fds(self.conn, [b"R"], [pidfd])
+        import _socket
+        self.conn.sendmsg([b"R"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                                    pidfd.to_bytes(4, "little" if _LE else "big"))])
 
     def close(self):
         for fd, _ in self.ns:
@@ -271,15 +273,28 @@ def join(plan, env):
     return Member(conn, ns, dirfd)
 
 
+def _recv_fds(conn, size, maxfds):
+    """socket.recv_fds without importing socket.py (and enum) on the launch path."""
+    import _socket
+    msg, anc, _, _ = conn.recvmsg(size, _socket.CMSG_SPACE(4 * maxfds))
+    fds = []
+    for level, kind, data in anc:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            end = len(data) - len(data) % 4
+            fds += [int.from_bytes(data[i:i + 4], "little" if _LE else "big", signed=True)
+                    for i in range(0, end, 4)]
+    return msg, fds
+
+
 def _hello(path, pod):
     """(connection, namespace fds) from the pod's keeper, or None when there
     is no live keeper.  The keeper's answer: b"P" + its id map, with the
     namespace fds; or b"E" + why it could not set the pod up."""
-    import socket
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    import _socket
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         conn.connect(path)
-        msg, fds, _, _ = socket.recv_fds(conn, 4096, 8)
+        msg, fds = _recv_fds(conn, 4096, 8)
     except OSError:
         conn.close()
         return None
