@@ -67,6 +67,11 @@ def _main(pod, lfd, dirfd, real_root):
             from ..linux import idmap
             _, uin, uout, gin, gout = pod.idmap
             idmap.write_single("self", uin, uout, gin, gout, real_root)
+        # Pid 1 of every rank's /proc: its root and fds are the host's (the
+        # pod directory), so no rank may open /proc/1/root or /proc/1/fd/*.
+        # Its full capability set already fails the ptrace check of a rank's
+        # command; not being dumpable makes that hold whatever caps a rank has.
+        k.prctl(4, 0)  # PR_SET_DUMPABLE
         from .pod import NS_ORDER
         ns = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
               for name, _ in NS_ORDER if name != "user" or pod.idmap]

@@ -217,3 +217,18 @@ def test_doctor_mpi_probe_rank_sees_the_pod(mode, cli, test_user, rootfs, pod_en
     ns = checks["namespaces (rank)"]["detail"]
     assert os.readlink("/proc/self/ns/pid") not in ns
     assert os.readlink("/proc/self/ns/uts") in ns
+
+
+@pytest.mark.parametrize("mode", ["root", "rootless"])
+def test_ranks_cannot_reach_the_keepers_host_root_or_fds(mode, cli, test_user, rootfs, pod_env):
+    """The keeper is pid 1 of every rank's /proc, and its root and fds are the
+    host's: /proc/1/root and /proc/1/fd/* must stay closed to the ranks."""
+    from tests.integration.conftest import Runner
+    runner = Runner(cli, mode, test_user)
+    r = runner.run(["--share", "node", str(rootfs), "sh", "-c",
+                    "cat /proc/1/comm; ls /proc/1/root/ && echo ROOT-OPEN; "
+                    "readlink /proc/1/fd/3 && echo FD-OPEN; "
+                    "readlink /proc/1/cwd && echo CWD-OPEN; exit 0"], env=pod_env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == "gpusandbox-pod"
+    assert "OPEN" not in r.stdout, r.stdout

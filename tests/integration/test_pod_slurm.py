@@ -85,6 +85,18 @@ def test_two_ranks_use_shared_memory_and_cma(pod_bed, mode, test_user):
     assert "single copy" not in out.lower() or "could not" not in out.lower(), out[-3000:]
 
 
+def test_multi_task_step_is_one_pod_by_default_and_each_exit_code_reaches_srun(pod_bed,
+                                                                             test_user):
+    r = pod_bed.srun(["--ntasks=2", "--label", pod_bed.cli, "run", pod_bed.image, "/bin/sh",
+                      "-c", "readlink /proc/self/ns/pid; exit $((3 + SLURM_PROCID))"],
+                     user=test_user, timeout=60)
+    assert r.returncode == 4, r.stdout + r.stderr
+    ns = {line.split(": ", 1)[1] for line in r.stdout.splitlines() if "pid:[" in line}
+    assert len(ns) == 1, r.stdout
+    assert "task 0: Exited with exit code 3" in r.stderr, r.stderr
+    assert "task 1: Exited with exit code 4" in r.stderr, r.stderr
+
+
 def _live_keepers():
     out = []
     for d in os.listdir("/proc"):
