@@ -18,7 +18,8 @@ S = "mpi"
 # Open MPI's shared-memory segments and NCCL's buffers need a /dev/shm this big
 # before anything else fails: below it a job dies with SIGBUS, not an error.
 _SHM_LOW = 256 << 20
-_PROBE = ('for n in pid ipc user mnt uts; do printf "ns %s %s\\n" $n "$(readlink /proc/self/ns/$n)"; done; '
+_PROBE = ('for n in pid ipc user mnt uts; do '
+          'printf "ns %s %s\\n" $n "$(readlink /proc/self/ns/$n)"; done; '
           'printf "shm %s\\n" "$(stat -f -c "%b %S" /dev/shm) $(stat -c %d /dev/shm)"; '
           'printf "host %s\\n" "$(cat /proc/sys/kernel/hostname)"')
 

@@ -44,15 +44,14 @@ _HINT = "pass --share none to run every rank isolated (MPI then needs OMPI_MCA_b
 
 class Pod:
     """What a rank's plan records about its pod (pure data)."""
-    __slots__ = ("key", "shm_size", "idmap", "dir", "shm_path", "visibility")
+    __slots__ = ("key", "shm_size", "idmap", "dir", "shm_path")
 
-    def __init__(self, key, shm_size, idmap, visibility="task"):
+    def __init__(self, key, shm_size, idmap):
         self.key = key
         self.shm_size = shm_size
         self.idmap = idmap          # the pod's one-id map (rootless), else None
         self.dir = None             # the rendezvous directory (set by join)
         self.shm_path = None        # where the keeper's tmpfs is, in its mount namespace
-        self.visibility = visibility
 
 
 def check_mix(shared):
@@ -144,7 +143,7 @@ def plan_pod(plan, spec, env):
         shm = _size("--shm-size", spec.shm_size)
         if shm == "max":
             shm = DEFAULT_SHM
-    plan.pod = Pod(_key(env), shm, plan.idmap, spec.gpu_visibility or "task")
+    plan.pod = Pod(_key(env), shm, plan.idmap)
     plan.idmap = None
     plan.clone_flags &= ~(k.CLONE_NEWUSER | k.CLONE_NEWPID | k.CLONE_NEWIPC | k.CLONE_NEWUTS)
     plan.notes.append(f"pod: {plan.pod.key}: user, pid and IPC namespaces and /dev/shm "
