@@ -48,6 +48,7 @@ def _main(pod, lfd, dirfd, real_root):
     import socket
     k.set_comm("gpusandbox-pod")
     os.setsid()
+    os.chdir("/")          # never pin the first rank's working directory
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
