@@ -110,7 +110,7 @@ def _loop(lsock, ns, pod, dirfd, procfd, error):
     pidfds = set()
     seen = False
     while True:
-        if seen and not conns and _may_end(dirfd):
+        if seen and not conns and _may_end(dirfd, pod):
             return
         timeout = None if seen else PROBE_TIMEOUT_MS
         if seen and not conns:
@@ -168,7 +168,7 @@ def _loop(lsock, ns, pod, dirfd, procfd, error):
             _sweep(procfd)
 
 
-def _may_end(dirfd):
+def _may_end(dirfd, pod=None):
     """With no rank left: end, unless a rank holds the pod's lock (it is
     joining this keeper).  The socket goes first, under the lock, so the next
     rank starts a new pod instead of reaching one that is ending."""
@@ -182,11 +182,28 @@ def _may_end(dirfd):
     except OSError:
         os.close(lock)
         return False
+    # Everything of the pod goes, the lock file last (a rank waiting on it
+    # sees it unlinked and starts over); exiting releases the lock.
     try:
         os.unlink("sock", dir_fd=dirfd)
     except OSError:
         pass
-    return True       # exiting releases the lock
+    if pod is not None:
+        try:
+            k.umount2(pod.shm_path, k.MNT_DETACH)
+        except OSError:
+            pass
+    for name, rm in (("shm", os.rmdir), ("lock", os.unlink)):
+        try:
+            rm(name, dir_fd=dirfd)
+        except OSError:
+            pass
+    if pod is not None:
+        try:
+            os.rmdir(pod.dir)
+        except OSError:
+            pass
+    return True
 
 
 def _reap():

@@ -243,21 +243,50 @@ class Member:
 def join(plan, env):
     """Meet the pod of plan.pod (starting its keeper if this rank is first);
     returns a Member."""
-    import fcntl
     pod = plan.pod
-    pod.dir = _owned_dir(runtime_dir(env) + "/" + pod.key)
-    dirfd = os.open(pod.dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    base = runtime_dir(env)
+    # An ending keeper removes the pod's directory under its lock: a rank that
+    # was waiting for that lock finds it unlinked (or the directory gone) and
+    # starts over with a new directory.
+    for _ in range(50):
+        got = _join_once(plan, pod, base)
+        if got is not None:
+            return got
+    raise SandboxError(f"joining the pod {pod.key}", "its directory kept disappearing", _HINT)
+
+
+def _join_once(plan, pod, base):
+    import fcntl
+    pod.dir = _owned_dir(base + "/" + pod.key)
     try:
-        _owned_dir(pod.dir + "/shm")
+        dirfd = os.open(pod.dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
         pod.shm_path = pod.dir + "/shm"
-        lock = os.open(f"/proc/self/fd/{dirfd}/lock",
-                       os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            lock = os.open(f"/proc/self/fd/{dirfd}/lock",
+                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            os.close(dirfd)
+            return None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.fstat(lock).st_nlink == 0:
+                os.close(dirfd)
+                return None
+            # Under the lock: an ending keeper removes shm/ before it unlinks
+            # the lock, so what is made here stays.
+            try:
+                _owned_dir(pod.shm_path)
+            except FileNotFoundError:
+                os.close(dirfd)
+                return None
             sock = f"/proc/self/fd/{dirfd}/sock"
             got = _hello(sock, pod)
             if got is None:
                 from . import keeper
+                _sweep_stale(base, pod.key)
                 keeper.start(plan, sock, dirfd)
                 got = _hello(sock, pod)
                 if got is None:
@@ -270,6 +299,57 @@ def join(plan, env):
         raise
     conn, ns = got
     return Member(conn, ns, dirfd)
+
+
+def _sweep_stale(base, own):
+    """Remove the directories of pods whose keeper was killed (SIGKILL from
+    scancel, the OOM killer): no live socket, lock free.  Same order as an
+    ending keeper (under the lock, shm/ before the lock file), so a rank
+    joining one of them starts over."""
+    import fcntl
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if name == own:
+            continue
+        path = f"{base}/{name}"
+        try:
+            lock = os.open(f"{path}/lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(lock).st_nlink == 0 or _hello_alive(f"{path}/sock"):
+                continue
+            for rel, rm in (("sock", os.unlink), ("shm", os.rmdir), ("lock", os.unlink)):
+                try:
+                    rm(f"{path}/{rel}")
+                except FileNotFoundError:
+                    pass
+            os.rmdir(path)
+        except OSError:
+            pass
+        finally:
+            os.close(lock)
+
+
+def _hello_alive(path):
+    """Whether a keeper listens on `path` (connect alone, nothing sent)."""
+    import _socket
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        s.connect(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return True          # unsure: leave it
+    finally:
+        s.close()
 
 
 def _recv_fds(conn, size, maxfds):

@@ -169,6 +169,15 @@ def test_kill9_of_one_launcher_ends_that_rank_only_and_keeper_ends_all(
         assert b.wait(timeout=20) == 128 + signal.SIGKILL
         assert wait_for(lambda: not _rank_pids(mb) and not _rank_pids(ma), 10)
         assert wait_for(lambda: not _keepers(pidns), 10)
+        # The killed keeper left its pod directory; the next new pod removes it.
+        base = "/run/gpusandbox/pods" if mode == "root" else \
+            f"/tmp/gpusandbox-{test_user.pw_uid}/pods"
+        stale = f"{base}/{pod_env['GPUSANDBOX_POD']}"
+        assert os.path.isdir(stale)
+        r = runner.run(["--share", "node", str(rootfs), "true"],
+                       env={"GPUSANDBOX_POD": pod_env["GPUSANDBOX_POD"] + "-next"})
+        assert r.returncode == 0, r.stderr
+        assert not os.path.exists(stale)
     finally:
         for p in (a, b):
             if p.poll() is None:
@@ -187,6 +196,9 @@ def test_last_rank_ends_the_keeper_and_a_new_pod_starts_fresh(root_runner, rootf
     r2 = root_runner.run(["--share", "node", str(rootfs), "sh", "-c", probe], env=pod_env)
     assert r2.returncode == 0, r2.stderr
     assert r2.stdout.split()[0] != ns1
+    # The ending keeper removes the pod's directory (root's runtime directory).
+    pod_dir = "/run/gpusandbox/pods/" + pod_env["GPUSANDBOX_POD"]
+    assert wait_for(lambda: not os.path.exists(pod_dir), 10), os.listdir(pod_dir)
 
 
 @pytest.mark.parametrize("args,env,needle", [
