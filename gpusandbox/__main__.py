@@ -18,6 +18,7 @@ commands:
   info [--json]                               driver, CUDA ceiling, GPUs, isolation available here
   list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
   doctor [--gpus SEL] [IMAGE_DIR]             check launcher, driver and image, one line per check
+  doctor --mpi [IMAGE_DIR]                    in a Slurm step: what MPI/NCCL ranks share, transports
   cdi generate|list|check [options]           CDI specs: write one for this host's GPUs, list and
                                               check those in /etc/cdi, /var/run/cdi (docs/cdi.md)
   sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)

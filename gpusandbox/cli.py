@@ -46,6 +46,14 @@ Identity and namespaces:
                               loopback only.  Default: none when the command would be uid 0 on
                               the host (real root without --user), else host
   --hostname NAME             hostname inside (default: gpusandbox)
+  --share node|none           node: share the user, pid and IPC namespaces and /dev/shm with
+                              the other ranks of this Slurm step on this node (pod mode, for
+                              MPI shared memory and CMA, NCCL); none: isolated.  Default: node
+                              in a step with more than one task on the node, else none.
+                              Outside Slurm the pod is named by GPUSANDBOX_POD (docs/pod.md)
+  --shm-size SIZE             the pod's /dev/shm size (default 1g)
+  --gpu-visibility task|step  task: each rank sees its own GPUs only; step: every GPU of the
+                              step on this node, the rank's own first
 Root filesystem:
   --writable-tmpfs            private writable overlay over the image, discarded at exit
   --rw                        write through to IMAGE_DIR (missing mount points are created in it)
@@ -86,6 +94,7 @@ _OPTS = {
     "--cpus": "cpus", "--device": "device", "--entrypoint": "entrypoint",
     "--platform": "platform", "--store": "store",
     "--gpu-memory": "gpu_memory", "--gpu-compute": "gpu_compute", "--cuda-compat": "cuda_compat",
+    "--share": "share", "--shm-size": "shm_size", "--gpu-visibility": "gpu_visibility",
 }
 _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
@@ -226,6 +235,11 @@ def parse_run_args(argv):
             if val not in ("auto", "off", "force"):
                 _bad(f"invalid --cuda-compat {val!r}", None, "use auto, off or force")
             spec.cuda_compat = val
+        elif attr in ("share", "gpu_visibility"):
+            allowed = ("node", "none") if attr == "share" else ("task", "step")
+            if val not in allowed:
+                _bad(f"invalid {name} {val!r}", None, f"use {allowed[0]} or {allowed[1]}")
+            setattr(spec, attr, val)
         elif attr == "net":
             if val not in ("host", "none"):
                 _bad(f"invalid --net {val!r}", None, "use host or none")

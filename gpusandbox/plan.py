@@ -92,7 +92,7 @@ class LaunchPlan:
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
-                 "own_cgroup", "squash", "squash_pid", "forced_env")
+                 "own_cgroup", "squash", "squash_pid", "forced_env", "pod")
 
     def __init__(self, spec):
         self.spec = spec
@@ -111,6 +111,8 @@ class LaunchPlan:
         self.squash_pid = None
         # Variables the launcher sets over every other row (gpu/share.py).
         self.forced_env = None
+        # Pod mode: an hpc.pod.Pod; the rank joins the pod's namespaces.
+        self.pod = None
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
@@ -300,6 +302,9 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
     if sel is None:
         return {}
+    if spec.gpu_visibility == "step":
+        from .hpc import gpuvis
+        sel = gpuvis.widen(sel, host, host_env, plan.notes)
     from .gpu import compat, require
     decision = compat.for_launch(spec.cuda_compat, rootfd, host, sel, plan.notes)
     warn = require.check(req_env, rootfd, host, None, host_env,
@@ -315,6 +320,8 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     missing = inject.warning(inject.plan(host, sel))
     if missing:
         plan.warnings.append(missing)
+    if spec.gpu_visibility == "step" and gpuvis.cuda_order(sel):
+        edits.env["CUDA_VISIBLE_DEVICES"] = gpuvis.cuda_order(sel)
     plan.edits.extend(edits)
     plan.device_rules = inject.device_rules(host, sel)
     return edits.env
@@ -370,6 +377,9 @@ def build(spec, host_env=None):
         plan.rootfs, plan.rootfd, config = image_root(spec.image)
         plan.root_id = root_identity(plan.rootfd, plan.rootfs)
     _identity(plan, spec, host_env)
+    if spec.share == "node" or (spec.share is None and host_env.get("SLURM_STEP_ID")):
+        from .hpc import pod
+        pod.plan_pod(plan, spec, host_env)
     if squash:
         config = _squash_root(plan, spec.image)
     rootfd = plan.rootfd

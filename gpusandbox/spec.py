@@ -38,6 +38,8 @@ class RunSpec:
         "pause_at",
         # GPU sharing and forward compatibility (docs/sharing.md)
         "cuda_compat", "gpu_memory", "gpu_compute",
+        # pod mode (hpc/pod.py): --share, --shm-size, --gpu-visibility
+        "share", "shm_size", "gpu_visibility",
     )
 
     def __init__(self):
@@ -79,3 +81,6 @@ class RunSpec:
         self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)
         self.gpu_memory = None       # --gpu-memory text, checked by gpu/share.py
         self.gpu_compute = None      # --gpu-compute text
+        self.share = None            # node | none; None: node in a multi-task Slurm step
+        self.shm_size = None
+        self.gpu_visibility = None   # task | step

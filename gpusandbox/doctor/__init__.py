@@ -33,6 +33,9 @@ from .verify import _framework, _sandbox, check_verify  # noqa: F401
 def run_checks(opts, euid=None):
     from gpusandbox.gpu import select
     euid = os.geteuid() if euid is None else euid
+    if opts.mpi:
+        from .mpi import check_mpi
+        return check_mpi(opts)
     out = [check_userns(opts.roots, euid)]
     if opts.userns == "subids":
         import pwd
@@ -101,6 +104,13 @@ def _parser():
     p.add_argument("--userns", default="auto", choices=("auto", "single", "subids", "host"),
                    help="check the prerequisites of this user-namespace mode")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--mpi", action="store_true", help="inside a Slurm step: what MPI/NCCL ranks "
+                   "launched here share, and which transports work between them (with "
+                   "IMAGE_DIR: one probe rank in the step's pod)")
+    p.add_argument("--share", choices=("node", "none"), default=None,
+                   help="with --mpi: the --share the ranks use (default: as run chooses)")
+    p.add_argument("--net", choices=("host", "none"), default=None,
+                   help="with --mpi: the --net the ranks use")
     p.add_argument("image", nargs="?", metavar="IMAGE_DIR", help="image to check and test")
     return p
 
@@ -112,7 +122,7 @@ def main(argv, roots=None):
         opts = Options(gpus=a.gpus, driver_root=os.path.abspath(a.driver_root),
                        dev_root=os.path.abspath(a.dev_root) if a.dev_root else None,
                        image=os.path.abspath(a.image) if a.image else None, userns=a.userns,
-                       roots=roots or Roots())
+                       roots=roots or Roots(), mpi=a.mpi, share=a.share, net=a.net)
         checks = run_checks(opts)
     except SandboxError as e:
         from gpusandbox.errors import message

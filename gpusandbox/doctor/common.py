@@ -34,6 +34,9 @@ class Options:
     userns: str = "auto"
     roots: Roots = attrs.Factory(Roots)
     probes: bool = True       # the overlay probe and the sandbox runs
+    mpi: bool = False         # --mpi: the MPI/NCCL section only (doctor/mpi.py)
+    share: str = None         # --share for the MPI section (default: as `run` chooses)
+    net: str = None           # --net the ranks will use
 
 
 def _read(path):

@@ -100,6 +100,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CLONE_INTO_CGROUP = 0x200000000
 CLONE_PIDFD = 0x00001000
+CLONE_PARENT = 0x00008000
 
 
 def unshare(flags):
@@ -127,7 +128,9 @@ def clone_fork(flags, cgroup_fd=-1):
     around it so the interpreter state in the child is sound."""
     args = _CloneArgs()
     args.flags = flags
-    args.exit_signal = 17  # SIGCHLD
+    # CLONE_PARENT: the caller's parent gets the child, with the caller's own
+    # exit signal; clone3 then insists on exit_signal 0.
+    args.exit_signal = 0 if flags & CLONE_PARENT else 17  # SIGCHLD
     if cgroup_fd >= 0:
         args.flags |= CLONE_INTO_CGROUP
         args.cgroup = cgroup_fd

@@ -26,6 +26,10 @@ def _open_sources(plan):
     for name in STD_DEVICES:
         src["dev:" + name] = m.clone_tree("/dev/" + name, recursive=False)
     src["sys"], src["sys-hide"] = _sysfs_alone()
+    if plan.pod:
+        # The pod's /dev/shm: the keeper's tmpfs, which this mount namespace
+        # (a copy of the keeper's) has over the pod directory's shm/.
+        src["shm"] = m.clone_tree(plan.pod.shm_path, recursive=False)
     nodes = []
     for node in plan.edits.device_nodes:
         fd = m.open_host_node(node.host_path, node.major, node.minor)
@@ -182,8 +186,9 @@ def _system_mounts(plan, rootfd, src):
         os.close(devfd)
     tmp_attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
     for path, mode in (("/dev/shm", "1777"), ("/tmp", "1777"), ("/run", "0755")):
-        m.attach(m.new_fs("tmpfs", (f"mode={mode}",), tmp_attrs),
-                 tgt(rootfd, path, strict=True), f"mounting {path}")
+        fs = src.pop("shm") if path == "/dev/shm" and "shm" in src else \
+            m.new_fs("tmpfs", (f"mode={mode}",), tmp_attrs)
+        m.attach(fs, tgt(rootfd, path, strict=True), f"mounting {path}")
 
 
 def _cgroup_view(rootfd):
@@ -372,8 +377,13 @@ def run(plan, go_r, err_w, tty_sock, wait):
         # What needs no id map runs first: the capabilities in a new user
         # namespace exist from the clone on, and host paths are looked up with
         # the caller's unchanged kernel uid.
-        step = "setting the hostname"
-        k.sethostname(plan.hostname)
+        if plan.clone_flags & k.CLONE_NEWUTS:
+            step = "setting the hostname"
+            k.sethostname(plan.hostname)
+        if plan.pod:
+            # A pod's rank is not pid 1: what its command leaves behind is
+            # reaped here, and killed by the pod's keeper once this exits.
+            k.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
         step = "making the mount tree private"
         k.mount(None, "/", None, k.MS_REC | k.MS_SLAVE)
         step = "opening host sources"

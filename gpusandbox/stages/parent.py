@@ -53,6 +53,11 @@ def launch(spec):
     plan = planmod.build(spec)
     for w in plan.warnings:
         _say(w)
+    member = None
+    if plan.pod:
+        # Before the cgroup leaf: a keeper forked here must hold none of its fds.
+        from ..hpc import pod
+        member = pod.join(plan, os.environ)
     tty = None
     if spec.tty and os.isatty(0):
         # The pty is allocated inside the sandbox's own devpts (so tty(1) and
@@ -85,7 +90,10 @@ def launch(spec):
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join \
             or spec.pause_at == "after-clone"
         try:
-            pid = k.clone_fork(plan.clone_flags, cg.dirfd)
+            if member:
+                pid = member.clone(plan.clone_flags, cg.dirfd)
+            else:
+                pid = k.clone_fork(plan.clone_flags, cg.dirfd)
         except OSError as e:
             raise _clone_error(e, plan) from None
         if pid == 0:
@@ -112,6 +120,8 @@ def launch(spec):
             os.kill(pid, 9)      # not yet waited for: the number is still ours
             os.waitpid(pid, 0)
             raise
+        if member:
+            member.register(child.fd)
         os.close(go_r)
         os.close(err_w)
         # The image root is init's from here on: the launcher holds no

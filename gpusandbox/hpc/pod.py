@@ -1,0 +1,397 @@
+"""Pod mode (`run --share node`): the ranks of one (job, step, node) share
+one user, pid and IPC namespace and one /dev/shm tmpfs, so that MPI's
+shared-memory and single-copy (CMA: kcmp + process_vm_readv) transports and
+NCCL's same-host test work between them.  Each rank keeps its own mount
+namespace (its /dev holds only its own GPUs), its own cgroup and its own
+launcher, whose exit code reaches srun.
+
+No daemon.  The first rank's launcher forks the pod's keeper
+(keeper.py): pid 1 of the pod's pid namespace, owner of its user and IPC
+namespaces, holding the /dev/shm tmpfs in a mount namespace of its own.  Ranks
+meet in a per-(job, step, node) directory under a runtime directory that only
+the caller owns: under its lock, a rank connects to the keeper's socket, or,
+when there is none (or a dead one), binds a new socket and forks a new keeper;
+so N ranks starting at once make exactly one keeper.  The keeper hands each
+rank its namespaces by descriptor; the rank's launcher forks a helper that
+joins them (setns) and clones the rank's init with CLONE_PARENT, so the init is
+the launcher's own child as in an isolated launch (same pidfd supervision,
+same PR_SET_PDEATHSIG).  Each launcher keeps its connection to the keeper
+open for its whole life and sends it the init's pidfd; the keeper kills
+whatever a rank leaves behind when its init exits (the rank's processes then
+become the keeper's children: every init is a child subreaper), and exits,
+taking the pod with it, once the last connection closes.
+
+Never the dangerous mix: a shared user namespace and /dev/shm with separate
+pid namespaces lets a rank's CMA (Open MPI 5's smsc/cma trusts a pid from the
+shared segment) address another process of the same number; check_mix
+refuses it wherever a set of shared namespaces is formed.
+"""
+import os
+
+from ..errors import SandboxError, UsageError
+from ..linux import sys as k
+
+SHARED = frozenset(("user", "pid", "ipc", "shm"))
+DEFAULT_SHM = 1 << 30
+# setns(2) order: the user namespace first (it grants the capabilities the
+# other joins need), the mount namespace last (it changes root and cwd).
+NS_ORDER = (("user", k.CLONE_NEWUSER), ("pid", k.CLONE_NEWPID),
+            ("ipc", k.CLONE_NEWIPC), ("mnt", k.CLONE_NEWNS))
+PR_SET_CHILD_SUBREAPER = 36
+_LE = __import__("sys").byteorder == "little"
+_HINT = "pass --share none to run every rank isolated (MPI then needs OMPI_MCA_btl=self,tcp)"
+
+
+class Pod:
+    """What a rank's plan records about its pod (pure data)."""
+    __slots__ = ("key", "shm_size", "idmap", "dir", "shm_path")
+
+    def __init__(self, key, shm_size, idmap):
+        self.key = key
+        self.shm_size = shm_size
+        self.idmap = idmap          # the pod's one-id map (rootless), else None
+        self.dir = None             # the rendezvous directory (set by join)
+        self.shm_path = None        # where the keeper's tmpfs is, in its mount namespace
+
+
+def check_mix(shared):
+    """Refuse a set of shared namespaces that puts ranks in one user namespace
+    and one /dev/shm but separate pid namespaces."""
+    if {"user", "shm"} <= set(shared) and "pid" not in shared:
+        raise UsageError("refusing to share the user namespace and /dev/shm without the pid "
+                         "namespace", "CMA (process_vm_readv) would reach the wrong process "
+                         "by pid", "share all of them (--share node) or none (--share none)")
+
+
+def _split_counts(text):
+    """'2(x3),1' (Slurm's per-node task counts) -> [2, 2, 2, 1], or None."""
+    out = []
+    for part in text.split(","):
+        num, _, rep = part.partition("(x")
+        if not num.isdigit():
+            return None
+        times = 1
+        if rep:
+            if not rep.endswith(")") or not rep[:-1].isdigit():
+                return None
+            times = int(rep[:-1])
+        if times > 1 << 16:
+            return None
+        out.extend([int(num)] * times)
+    return out
+
+
+def tasks_on_node(env):
+    """How many tasks of the caller's Slurm step run on this node, or 0
+    outside a step.  Read from the caller's environment only."""
+    if not env.get("SLURM_STEP_ID") or not env.get("SLURM_JOB_ID"):
+        return 0
+    node = env.get("SLURM_NODEID", "0")
+    for var in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        counts = _split_counts(env.get(var) or "")
+        if counts and node.isdigit() and int(node) < len(counts):
+            return counts[int(node)]
+    total = env.get("SLURM_STEP_NUM_TASKS") or ""
+    nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    if total.isdigit() and nodes == "1":
+        return int(total)
+    return 1
+
+
+def choose(spec, env):
+    """'node' or 'none': --share, else node inside a Slurm step with more than
+    one task on this node."""
+    if spec.share is not None:
+        return spec.share
+    return "node" if tasks_on_node(env) > 1 else "none"
+
+
+def _key(env):
+    """The pod's name: (job, step, node) inside Slurm, else GPUSANDBOX_POD."""
+    job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")
+    if job and step:
+        node = env.get("SLURMD_NODENAME") or os.uname().nodename
+        key = f"{job}.{step}.{node}"
+    else:
+        key = env.get("GPUSANDBOX_POD") or ""
+        if not key:
+            raise UsageError("--share node outside a Slurm step needs a pod name",
+                             "neither SLURM_JOB_ID/SLURM_STEP_ID nor GPUSANDBOX_POD is set",
+                             "set GPUSANDBOX_POD=NAME for every rank of the pod")
+    if not key.isascii() or len(key) > 100 or key.startswith(".") or \
+            not all(c.isalnum() or c in "._-" for c in key):
+        raise UsageError(f"invalid pod name {key!r}", "letters, digits, '.', '_' and '-' only "
+                         "(at most 100)", None)
+    return key
+
+
+def plan_pod(plan, spec, env):
+    """Turn an isolated launch plan into a pod rank's plan (or leave it)."""
+    if choose(spec, env) != "node":
+        return
+    if spec.hostname is not None:
+        raise UsageError("--hostname cannot be used with --share node",
+                         "ranks of a pod see the host's hostname (NCCL's same-host test)",
+                         "drop --hostname, or pass --share none")
+    if plan.userns == "full":
+        raise UsageError("--share node works with --userns single or host",
+                         "a pod's user namespace has a one-id map", _HINT)
+    check_mix(SHARED)
+    shm = DEFAULT_SHM
+    if spec.shm_size is not None:
+        from ..linux.cgfs import _size
+        shm = _size("--shm-size", spec.shm_size)
+        if shm == "max":
+            shm = DEFAULT_SHM
+    plan.pod = Pod(_key(env), shm, plan.idmap)
+    plan.idmap = None
+    plan.clone_flags &= ~(k.CLONE_NEWUSER | k.CLONE_NEWPID | k.CLONE_NEWIPC | k.CLONE_NEWUTS)
+    plan.notes.append(f"pod: {plan.pod.key}: user, pid and IPC namespaces and /dev/shm "
+                      "shared with the other ranks on this node; the host's hostname")
+
+
+# --- the runtime directory ---------------------------------------------------------
+
+
+def _owned_dir(path, create=True):
+    """path as a directory only the caller owns and can enter (0700)."""
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    st = os.lstat(path)
+    import stat
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SandboxError(f"pod directory {path}", "not a directory of this user with mode "
+                           "0700", f"remove {path} and run again")
+    return path
+
+
+def runtime_dir(env):
+    uid = os.geteuid()
+    if uid == 0:
+        base = "/run/gpusandbox"
+    else:
+        xdg = env.get("XDG_RUNTIME_DIR") or ""
+        try:
+            ok = xdg.startswith("/") and os.stat(xdg).st_uid == uid
+        except OSError:
+            ok = False
+        base = xdg + "/gpusandbox" if ok else f"/tmp/gpusandbox-{uid}"
+    _owned_dir(base)
+    return _owned_dir(base + "/pods")
+
+
+class Member:
+    """A rank's hold on its pod: the connection (kept open for the launcher's
+    life) and the namespace descriptors to join."""
+
+    def __init__(self, conn, ns, dirfd):
+        self.conn = conn
+        self.ns = ns                # [(fd, CLONE_NEW*)] in NS_ORDER
+        self.dirfd = dirfd
+
+    def clone(self, flags, cgroup_fd):
+        """clone_fork's contract (0 in the child, its pid in the caller), the
+        child being in the pod's namespaces and the caller's own child."""
+        r, w = os.pipe2(os.O_CLOEXEC)
+        helper = os.fork()
+        if helper == 0:
+            os.close(r)
+            try:
+                for fd, nstype in self.ns:
+                    k.syscall("setns", fd, nstype)
+                pid = k.clone_fork(flags | k.CLONE_PARENT, cgroup_fd)
+            except OSError as e:
+                os.write(w, b"E%d" % e.errno)
+                os._exit(1)
+            if pid == 0:
+                os.close(w)
+                self.close()
+                return 0
+            os.write(w, b"P%d" % pid)
+            os._exit(0)
+        os.close(w)
+        data = b""
+        while True:
+            chunk = os.read(r, 64)
+            if not chunk:
+                break
+            data += chunk
+        os.close(r)
+        os.waitpid(helper, 0)
+        if data[:1] == b"P":
+            return int(data[1:])
+        err = int(data[1:]) if data[:1] == b"E" else 5
+        raise SandboxError("joining the pod's namespaces", os.strerror(err), _HINT)
+
+    def register(self, pidfd):
+        """Hand the keeper the rank's init, so it cleans up after it."""
+        import _socket
+        self.conn.sendmsg([b"R"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                                    pidfd.to_bytes(4, "little" if _LE else "big"))])
+
+    def close(self):
+        for fd, _ in self.ns:
+            os.close(fd)
+        self.ns = []
+        os.close(self.dirfd)
+        self.conn.close()
+
+
+def join(plan, env):
+    """Meet the pod of plan.pod (starting its keeper if this rank is first);
+    returns a Member."""
+    pod = plan.pod
+    base = runtime_dir(env)
+    # An ending keeper removes the pod's directory under its lock: a rank that
+    # was waiting for that lock finds it unlinked (or the directory gone) and
+    # starts over with a new directory.
+    for _ in range(50):
+        got = _join_once(plan, pod, base)
+        if got is not None:
+            return got
+    raise SandboxError(f"joining the pod {pod.key}", "its directory kept disappearing", _HINT)
+
+
+def _join_once(plan, pod, base):
+    import fcntl
+    pod.dir = _owned_dir(base + "/" + pod.key)
+    try:
+        dirfd = os.open(pod.dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        pod.shm_path = pod.dir + "/shm"
+        try:
+            lock = os.open(f"/proc/self/fd/{dirfd}/lock",
+                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            os.close(dirfd)
+            return None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.fstat(lock).st_nlink == 0:
+                os.close(dirfd)
+                return None
+            # Under the lock: an ending keeper removes shm/ before it unlinks
+            # the lock, so what is made here stays.
+            try:
+                _owned_dir(pod.shm_path)
+            except FileNotFoundError:
+                os.close(dirfd)
+                return None
+            sock = f"/proc/self/fd/{dirfd}/sock"
+            got = _hello(sock, pod)
+            if got is None:
+                from . import keeper
+                _sweep_stale(base, pod.key)
+                keeper.start(plan, sock, dirfd)
+                got = _hello(sock, pod)
+                if got is None:
+                    raise SandboxError(f"starting the pod's keeper in {pod.dir}",
+                                       "it did not answer", _HINT)
+        finally:
+            os.close(lock)
+    except BaseException:
+        os.close(dirfd)
+        raise
+    conn, ns = got
+    return Member(conn, ns, dirfd)
+
+
+def _sweep_stale(base, own):
+    """Remove the directories of pods whose keeper was killed (SIGKILL from
+    scancel, the OOM killer): no live socket, lock free.  Same order as an
+    ending keeper (under the lock, shm/ before the lock file), so a rank
+    joining one of them starts over."""
+    import fcntl
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if name == own:
+            continue
+        path = f"{base}/{name}"
+        try:
+            lock = os.open(f"{path}/lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(lock).st_nlink == 0 or _hello_alive(f"{path}/sock"):
+                continue
+            for rel, rm in (("sock", os.unlink), ("shm", os.rmdir), ("lock", os.unlink)):
+                try:
+                    rm(f"{path}/{rel}")
+                except FileNotFoundError:
+                    pass
+            os.rmdir(path)
+        except OSError:
+            pass
+        finally:
+            os.close(lock)
+
+
+def _hello_alive(path):
+    """Whether a keeper listens on `path` (connect alone, nothing sent)."""
+    import _socket
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        s.connect(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return True          # unsure: leave it
+    finally:
+        s.close()
+
+
+def _recv_fds(conn, size, maxfds):
+    """socket.recv_fds without importing socket.py (and enum) on the launch path."""
+    import _socket
+    msg, anc, _, _ = conn.recvmsg(size, _socket.CMSG_SPACE(4 * maxfds))
+    fds = []
+    for level, kind, data in anc:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            end = len(data) - len(data) % 4
+            fds += [int.from_bytes(data[i:i + 4], "little" if _LE else "big", signed=True)
+                    for i in range(0, end, 4)]
+    return msg, fds
+
+
+def _hello(path, pod):
+    """(connection, namespace fds) from the pod's keeper, or None when there
+    is no live keeper.  The keeper's answer: b"P" + its id map, with the
+    namespace fds; or b"E" + why it could not set the pod up."""
+    import _socket
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        conn.connect(path)
+        msg, fds = _recv_fds(conn, 4096, 8)
+    except OSError:
+        conn.close()
+        return None
+    if not msg:
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+        return None
+    if msg[:1] == b"E":
+        conn.close()
+        raise SandboxError(f"setting up the pod in {pod.dir}", msg[1:].decode("utf-8", "replace"),
+                           _HINT)
+    want = [t for name, t in NS_ORDER if name != "user" or pod.idmap]
+    if msg[1:].decode() != repr(pod.idmap) or len(fds) != len(want):
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+        raise SandboxError(f"joining the pod {pod.key}", "its first rank was started with other "
+                           "identity options (--root, --userns)",
+                           "start every rank of a step with the same options")
+    return conn, list(zip(fds, want))
