@@ -17,7 +17,7 @@ commands:
   inspect REF [--json]                        an image's platform, config and layers
   info [--json]                               driver, CUDA ceiling, GPUs, isolation available here
   list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
-  doctor [--gpus SEL] [IMAGE_DIR]             check launcher, driver and image, one line per check
+  doctor [--gpus SEL] [IMAGE_DIR|FILE.sqsh]   check launcher, driver and image, one line per check
   sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)
   version                                     print the version
 """

@@ -90,7 +90,7 @@ def _parser():
             raise UsageError(f"doctor: {message}", hint="run 'gpusandbox doctor --help'")
 
     p = Parser(prog="gpusandbox doctor", description="Check the launcher's prerequisites, the "
-               "host driver and (given IMAGE_DIR) the image, then run a test sandbox.",
+               "host driver and (given IMAGE_DIR or FILE.sqsh) the image, then run a test sandbox.",
                epilog="Exit status: 0 nothing failed (warnings allowed), 1 a check failed, "
                       "125 usage error.")
     p.add_argument("--gpus", default="all", help="GPUs to verify (default: all)")
@@ -99,7 +99,9 @@ def _parser():
     p.add_argument("--userns", default="auto", choices=("auto", "single", "subids", "host"),
                    help="check the prerequisites of this user-namespace mode")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("image", nargs="?", metavar="IMAGE_DIR", help="image to check and test")
+    p.add_argument("image", nargs="?", metavar="IMAGE_DIR",
+                   help="image to check and test: a rootfs directory, an OCI bundle or a "
+                        "squashfs file FILE.sqsh (mounted read-only as run mounts it)")
     return p
 
 
