@@ -122,3 +122,16 @@ def test_clean_staging_keeps_partials_prune_removes_them(st):
     assert os.path.exists(_part(st))
     st.prune()
     assert not os.path.exists(_part(st))
+
+
+def test_whole_blob_kept_is_published_without_a_request(st):
+    _seed(st, DATA)
+    src = Source()
+    assert st.ensure_blob(src, DESC)
+    assert src.offsets == [] and st.read_blob(DESC["digest"], 1 << 20) == DATA
+    # ... and a wrong one of full length is fetched again from the start.
+    st2_part = _part(st)
+    os.unlink(os.path.join(st.root, st.blob_path(DESC["digest"])))
+    _seed(st, b"x" * len(DATA))
+    assert st.ensure_blob(src, DESC)
+    assert src.offsets == [0] and not os.path.exists(st2_part)
