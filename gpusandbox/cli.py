@@ -17,8 +17,9 @@ and rootfs/), or an image reference: docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST],
 oci:DIR[:TAG], oci-archive:FILE[:TAG], docker-archive:FILE[:NAME:TAG] (pulled
 into the store first), NAME[:TAG] already in the store, or a squashfs image file
 FILE.sqsh / FILE.squashfs (mounted read-only; squashfuse rootless).  Short names follow
-docker's rule: ubuntu is docker.io/library/ubuntu:latest.  For an image, CMD is
-optional (its Entrypoint + Cmd).  CMD is looked up on the image's PATH.
+docker's rule: ubuntu is docker.io/library/ubuntu:latest.  For an image (and a
+FILE.sqsh written by `pull -o`, which carries its config), CMD is optional (its
+Entrypoint + Cmd).  CMD is looked up on the image's PATH.
 
 GPUs:
   --gpus all|none|auto|LIST   GPUs to inject: indices, GPU-<uuid>, PCI bus ids, MIG g:i, MIG-<uuid>
@@ -253,7 +254,8 @@ def parse_run_args(argv):
     rest = argv[i + 1:]
     if rest and rest[0] == "--":
         rest = rest[1:]
-    if not rest and not spec.image_ref:
+    # A squashfs file may carry its image config (the command among it).
+    if not rest and not spec.image_ref and not spec.image.endswith((".sqsh", ".squashfs")):
         _bad("missing command", None, "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
     spec.argv = rest
     if spec.workdir is not None and not spec.workdir.startswith("/"):
@@ -284,7 +286,8 @@ def main_run(argv):
         if spec.image_ref:
             from .image.runimage import prepare
             prepare(spec)
-        elif spec.entrypoint is not None or spec.platform is not None:
+        elif (spec.entrypoint is not None or spec.platform is not None) and \
+                not spec.image.endswith((".sqsh", ".squashfs")):
             _bad("--entrypoint and --platform apply to image references", None,
                  "IMAGE_DIR is a directory: give the command after it")
         from .stages.parent import launch

@@ -381,7 +381,18 @@ def build(spec, host_env=None):
         from .hpc import pod
         pod.plan_pod(plan, spec, host_env)
     if squash:
+        net = spec.net
         config = _squash_root(plan, spec.image)
+        if plan.squash:
+            # The image config a `pull -o` file carries (image/sqshconfig.py);
+            # its User, once resolved, is the identity chosen again.
+            from .image import sqshconfig
+            if sqshconfig.apply(plan, spec.image):
+                spec.net = net
+                _identity(plan, spec, host_env)
+        elif not spec.argv:
+            raise UsageError("missing command", None,
+                             "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
     rootfd = plan.rootfd
     _check_binds(spec)
     if spec.image_env is not None:

@@ -95,7 +95,7 @@ def _parser():
             raise UsageError(f"doctor: {message}", hint="run 'gpusandbox doctor --help'")
 
     p = Parser(prog="gpusandbox doctor", description="Check the launcher's prerequisites, the "
-               "host driver and (given IMAGE_DIR) the image, then run a test sandbox.",
+               "host driver and (given IMAGE_DIR or FILE.sqsh) the image, then run a test sandbox.",
                epilog="Exit status: 0 nothing failed (warnings allowed), 1 a check failed, "
                       "125 usage error.")
     p.add_argument("--gpus", default="all", help="GPUs to verify (default: all)")
@@ -111,7 +111,9 @@ def _parser():
                    help="with --mpi: the --share the ranks use (default: as run chooses)")
     p.add_argument("--net", choices=("host", "none"), default=None,
                    help="with --mpi: the --net the ranks use")
-    p.add_argument("image", nargs="?", metavar="IMAGE_DIR", help="image to check and test")
+    p.add_argument("image", nargs="?", metavar="IMAGE_DIR",
+                   help="image to check and test: a rootfs directory, an OCI bundle or a "
+                        "squashfs file FILE.sqsh (mounted read-only as run mounts it)")
     return p
 
 

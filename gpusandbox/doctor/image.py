@@ -54,29 +54,43 @@ def _libc(root):
 
 def check_image(opts, host, ceiling, sel):
     """Returns (checks, facts) where facts has rootfs, env, sh, python3 (or None)."""
-    import stat
-    from gpusandbox.gpu import require
     out = []
+    if opts.image.endswith((".sqsh", ".squashfs")) and not os.path.isdir(opts.image):
+        from .sqsh import mounted
+        try:
+            with mounted(opts.image, opts.userns) as (root, env):
+                return _check_tree(out, root, env, opts, host, ceiling, sel, opts.image)
+        except SandboxError as e:
+            out.append(Check("image", "rootfs", FAIL, e.line(), e.hint or ""))
+            return out, None
     if not os.path.isdir(opts.image):
         out.append(Check("image", "rootfs", FAIL, f"{opts.image} is not a directory",
-                         "give an unpacked root filesystem or an OCI bundle directory"))
+                         "give an unpacked root filesystem, an OCI bundle directory or a "
+                         "FILE.sqsh"))
         return out, None
     try:
         root, env = load_image(opts.image)
     except SandboxError as e:
         out.append(Check("image", "rootfs", FAIL, e.line(), e.hint or ""))
         return out, None
+    return _check_tree(out, root, env, opts, host, ceiling, sel, root)
+
+
+def _check_tree(out, root, env, opts, host, ceiling, sel, shown):
+    """The checks of the tree at the path `root` (shown as `shown`)."""
+    import stat
+    from gpusandbox.gpu import require
     bins = [d for d in ("/usr/bin", "/bin") if (s := _stat_in(root, d)) and stat.S_ISDIR(s.st_mode)]
     shell = next((p for p in ("/bin/sh", "/usr/bin/sh") if _stat_in(root, p)), None)
     python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
                    if _stat_in(root, p)), None)
     flavour, libc_path = _libc(root)
     if not bins or not (shell or flavour):
-        out.append(Check("image", "rootfs", FAIL, f"{root} has no /bin or /usr/bin with a shell "
+        out.append(Check("image", "rootfs", FAIL, f"{shown} has no /bin or /usr/bin with a shell "
                          "or a C library: not a usable root filesystem",
                          "unpack the image (e.g. 'umoci raw unpack' or 'docker export | tar -x')"))
         return out, None
-    out.append(Check("image", "rootfs", PASS, f"{root}" + (f", shell {shell}" if shell else "")
+    out.append(Check("image", "rootfs", PASS, f"{shown}" + (f", shell {shell}" if shell else "")
                      + (f", python3 {python}" if python else "")))
     m = os.uname().machine
     debian = _stat_in(root, "/etc/debian_version") is not None

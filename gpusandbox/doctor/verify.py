@@ -22,6 +22,9 @@ def _sandbox(opts, facts, cmd, timeout=120):
         argv += ["--dev-root", opts.dev_root]
     if opts.userns != "auto":
         argv += ["--userns", opts.userns]
+    if opts.image.endswith((".sqsh", ".squashfs")) and not os.path.isdir(opts.image):
+        # The probe is the command, not arguments to the image's Entrypoint.
+        argv += ["--entrypoint", ""]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NVIDIA_", "CUDA_"))}
     try:
         res = subprocess.run(argv + [opts.image, "--"] + cmd, env=env, stdin=subprocess.DEVNULL,

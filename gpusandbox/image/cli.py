@@ -76,7 +76,8 @@ def main_pull(argv):
         src.close()
     prog.finish()
     if a.output:
-        sqshout.write(st.fd, st.image_dir(rec["digest"]) + "/rootfs", a.output)
+        sqshout.write(st.fd, st.image_dir(rec["digest"]) + "/rootfs", a.output,
+                      config=st.read_blob(rec["config"]))
     sys.stdout.write(rec["digest"] + "\n")
     return 0
 

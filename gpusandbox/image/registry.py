@@ -116,6 +116,8 @@ class RegistrySource:
     """Source over docker://HOST[:PORT]/REPO[:TAG|@DIGEST] (`ref` is any
     object with host, repo, tag and digest)."""
 
+    resumable = True          # blob() goes on from what `out` holds (Range)
+
     retries = 4               # attempts after the first, per request
     backoff = 0.5             # seconds, doubled per attempt (with jitter)
     max_retry_after = 30.0    # cap of a server's Retry-After
@@ -222,8 +224,10 @@ class RegistrySource:
                                  ) from None
             except (requests.ConnectionError, requests.Timeout) as e:
                 if attempt >= self.retries:
-                    raise ImageError(f"cannot reach registry {self.host}", _clean(e, 160),
-                                     "check the host name, the network and https_proxy") from None
+                    err = ImageError(f"cannot reach registry {self.host}", _clean(e, 160),
+                                     "check the host name, the network and https_proxy")
+                    err.resumable = True
+                    raise err from None
                 attempt += 1
                 self._sleep(attempt)
                 continue
@@ -419,9 +423,11 @@ class RegistrySource:
         verified; `out` must be seekable for a restart after a cut."""
         desc = mf.descriptor(desc, f"{self.name} blob")
         dig = desc["digest"]
-        v = digestmod.Verifier(dig, desc["size"])
+        # `out` may already hold the blob's first bytes (the store's partial
+        # download of an earlier pull): go on from there with a Range request.
+        v = out.prefix() if hasattr(out, "prefix") else digestmod.Verifier(dig, desc["size"])
         try:
-            start = out.tell() if out.seekable() else None
+            start = out.tell() - v.seen if out.seekable() else None
         except OSError:
             start = None
         path, cuts = f"/v2/{self.repo}/blobs/{dig}", 0
@@ -434,11 +440,14 @@ class RegistrySource:
                     if start is None:
                         raise ImageError(f"{self.name}: blob {dig} was cut off and the "
                                          "registry cannot resume it", f"{v.seen} of {v.size} bytes")
+                    # Range ignored (200, the whole blob) or answered
+                    # wrongly: restart from the start, with this body if whole.
                     out.seek(start)
                     out.truncate()
                     v = digestmod.Verifier(dig, desc["size"])
-                    r.close()
-                    continue
+                    if r.status_code != 200:
+                        r.close()
+                        continue
                 if r.status_code != 200 and not v.seen:
                     raise ImageError(f"{self.name}: blob {dig}: unexpected HTTP {r.status_code}")
                 cl = r.headers.get("Content-Length")
@@ -454,9 +463,11 @@ class RegistrySource:
                 r.close()
             cuts += 1
             if cuts > self.retries:
-                raise ImageError(f"{self.name}: blob {dig} is truncated",
+                err = ImageError(f"{self.name}: blob {dig} is truncated",
                                  f"{v.seen} of {v.size} bytes after {cuts} attempts",
                                  "the connection keeps breaking: retry later")
+                err.resumable = True     # the store keeps what came (partial.py)
+                raise err
             self._sleep(cuts)
 
     def _stream(self, r, v, out, unsized):

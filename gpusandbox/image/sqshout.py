@@ -16,7 +16,13 @@ Rootless, every file of the tree is the caller's (an unprivileged unpack
 cannot chown), which says nothing about the image: the file gets -all-root,
 which is what the image meant for nearly all files and what a rootless `run`
 of it maps to the caller.  No xattrs (-no-xattrs): security.capability and
-overlay xattrs never travel into the file."""
+overlay xattrs never travel into the file.
+
+The image config travels in the file: the config blob, as pulled and
+verified, is /.gpusandbox/config.json inside it (an mksquashfs pseudo file,
+0444 root; an entry of that name in the image is left out), and `run
+FILE.sqsh` applies its Env, Entrypoint, Cmd, WorkingDir and User as for a
+store image (sqshconfig.py)."""
 import os
 import shutil
 import subprocess
@@ -43,9 +49,10 @@ def check_target(path):
                          "install squashfs-tools (Debian/Ubuntu: apt install squashfs-tools)")
 
 
-def write(dirfd, rel, path):
+def write(dirfd, rel, path, config=None):
     """Write the tree at rel under the directory fd dirfd (the store's
-    unpacked image: the store is reached through its held fd) to path."""
+    unpacked image: the store is reached through its held fd) to path, with
+    the config blob bytes `config` as /.gpusandbox/config.json."""
     rootfs = f"/proc/self/fd/{dirfd}/{rel}"
     target = os.path.abspath(path)
     parent, name = os.path.split(target)
@@ -57,6 +64,17 @@ def write(dirfd, rel, path):
                 "-quiet"]
         if os.geteuid() != 0:
             argv.append("-all-root")
+        if config is not None:
+            import shlex
+            from .sqshconfig import CONFIG_DIR, CONFIG_PATH
+            cpath = os.path.join(tmpdir, "config.json")
+            with open(cpath, "xb") as f:
+                f.write(config)
+            # mksquashfs runs the pseudo file's command with /bin/sh; -e
+            # (last, as mksquashfs wants it) leaves out the image's own entry.
+            argv += ["-p", f"{CONFIG_DIR} d 755 0 0",
+                     "-p", f"{CONFIG_PATH} f 444 0 0 cat {shlex.quote(cpath)}",
+                     "-e", CONFIG_DIR.lstrip("/")]
         res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, close_fds=True, pass_fds=(dirfd,))
         if res.returncode != 0:

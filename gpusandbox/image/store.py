@@ -103,6 +103,13 @@ class _Writer:
     def truncate(self, size=None):
         return self.f.truncate(size)
 
+    def prefix(self):
+        """A verifier that has seen what the file already holds (a resumed
+        partial download, partial.py): the source goes on from there."""
+        v = digestmod.Verifier(self.v.digest, self.v.size)
+        v.seen, v._h = self.v.seen, self.v._h.copy()
+        return v
+
     def flush(self):
         self.f.flush()
 
@@ -225,12 +232,15 @@ class Store:
         dead[token] = fd                 # held until its entries are gone
         return False
 
-    def clean_staging(self):
-        """Remove staging entries whose writer is gone, and its owner file."""
+    def clean_staging(self, partials=False):
+        """Remove staging entries whose writer is gone, and its owner file;
+        partial downloads (partial.py) only when `partials` (prune)."""
         tfd = os.open("tmp", _DIR, dir_fd=self.fd)
         dead = {}
         try:
             for name in os.listdir(tfd):
+                if name.startswith("partial-") and not partials:
+                    continue
                 kind, _, rest = name.partition("_")
                 token = rest.rpartition("_")[0]
                 if not token or not self._owner_alive(token, dead):
@@ -274,6 +284,13 @@ class Store:
         try:
             if self.has_blob(desc):
                 return False
+            if getattr(source, "resumable", False):
+                from . import partial
+                partial.fetch(self, source, desc, _Writer, progress)
+                self._fetched.append(desc["digest"])
+                if progress:
+                    progress("blob", desc)
+                return True
             tmp = self._staging_name("blob")
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
                          dir_fd=self.fd)

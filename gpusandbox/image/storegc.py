@@ -105,7 +105,7 @@ def prune(st):
     Returns (images removed, blobs removed, bytes freed)."""
     gc = st.lock("gc")
     try:
-        st.clean_staging()
+        st.clean_staging(partials=True)
         named = {d for _, d in st.refs()}
         n_img = 0
         keep = set()

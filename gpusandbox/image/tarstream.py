@@ -34,11 +34,14 @@ _TIME = re.compile(rb"(-?)([0-9]{1,20})(?:\.([0-9]{1,30}))?")
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """Bounds for one layer.  The defaults admit the largest real layers we
-    know (CUDA and framework images: a few 10^5 entries, files of some GiB)
-    and refuse the bombs of the threat model: 10^6 empty files, a 10 GiB
-    zero file compressed 1000:1, an endless PAX header.
+    know (CUDA and framework images: a few 10^5 entries, conda or source
+    trees up to 10^6; files of some GiB) and refuse the bombs of the threat
+    model: a 10 GiB zero file compressed 1000:1, an endless PAX header, more
+    entries than the limit.  Memory per entry is small and flat (pathset.py:
+    a 10^6-entry layer pulls in well under 1 GB, docs/images.md), so the
+    entry limit bounds time and inodes rather than memory.
 
-    max_entries   members of one layer (500 000)
+    max_entries   members of one layer (2 000 000)
     max_bytes     decompressed bytes of one layer, tar framing included (64 GiB)
     max_file      size of one regular file (64 GiB)
     max_ratio     decompressed/compressed bytes, checked once `ratio_floor`
@@ -48,7 +51,7 @@ class Limits:
     max_path      bytes of a member name or link target (4096, PATH_MAX)
     max_depth     components of a member name (256)
     max_pax       bytes of one PAX header (1 MiB, as Go's archive/tar)"""
-    max_entries: int = 500_000
+    max_entries: int = 2_000_000
     max_bytes: int = 64 << 30
     max_file: int = 64 << 30
     max_ratio: int | None = 200

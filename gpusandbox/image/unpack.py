@@ -37,7 +37,6 @@ Decisions (docs/images.md repeats them):
 - Directory mtimes are set after the layer, as the last member's write
   would change them."""
 import errno
-import hashlib
 import os
 import shutil
 import stat
@@ -45,6 +44,7 @@ import stat
 from ..errors import printable
 from ..linux import sys as k
 from .digest import ImageError
+from .pathset import PathSet
 from .tarstream import CHUNK, Limits, TarReader
 
 __all__ = ["apply_layer", "Limits", "MEDIA_TYPES"]
@@ -97,20 +97,16 @@ def _show(path):
     return printable(os.fsdecode(path))[:200] or "/"
 
 
-def _key(path):
-    return hashlib.blake2b(path, digest_size=16).digest()
-
-
 class _Applier:
     def __init__(self, rootfd, rootless, limits):
         self.root = rootfd
         self.rootless = rootless
         self.lim = limits
-        # Paths this layer created or descended through (16-byte digests,
-        # so memory stays ~100 bytes an entry whatever the names): whiteouts
-        # and opaque markers apply to lower layers only, and hard links must
-        # point at this layer's own files.
-        self.touched = set()
+        # Paths this layer created or descended through (pathset.py: 16 to
+        # 32 bytes an entry whatever the names): whiteouts and opaque
+        # markers apply to lower layers only, and hard links must point at
+        # this layer's own files.
+        self.touched = PathSet()
         self.dirtimes = {}
         self.dirtime_bytes = 0
         self.count = 0
@@ -146,10 +142,8 @@ class _Applier:
 
     def _touch(self, comps):
         for i in range(len(comps), 0, -1):
-            key = _key(b"/".join(comps[:i]))
-            if key in self.touched and i < len(comps):
+            if not self.touched.add(b"/".join(comps[:i])) and i < len(comps):
                 break  # its ancestors were marked with it
-            self.touched.add(key)
 
     def _open_dir(self, comps, create):
         """O_PATH fd of the directory comps (never through a symlink); None
@@ -328,7 +322,7 @@ class _Applier:
         if not tcomps or tpath == path:
             raise ImageError("invalid layer", f"hard link {_show(path)} -> "
                              f"{_show(e.linkname)}: links to {'itself' if tcomps else 'the root'}")
-        if _key(tpath) not in self.touched:
+        if tpath not in self.touched:
             raise ImageError("invalid layer", f"hard link {_show(path)} -> {_show(tpath)}: "
                              "the target is not an earlier member of this layer")
         tpfd = self._open_dir(tcomps[:-1], False)
@@ -367,7 +361,7 @@ class _Applier:
         if name is None:
             return self._opaque(b"/".join(parent))
         path = b"/".join(parent + [name])
-        if _key(path) in self.touched:
+        if path in self.touched:
             # Whiteouts hide lower layers only: this layer's own entry stays,
             # and a directory of it loses the lower content under it.
             try:
@@ -392,7 +386,7 @@ class _Applier:
                 for n in os.listdir(fd):
                     name = os.fsencode(n)
                     cp = p + b"/" + name if p else name
-                    if _key(cp) in self.touched:
+                    if cp in self.touched:
                         if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
                             stack.append(cp)
                     else:

@@ -9,6 +9,8 @@ each failure path of the client.  The repository name picks the behaviour:
   cut-restart     the first blob response cut; Range ignored (200, whole blob)
   hang            the first blob response sends half, sets `half_sent`, then
                   waits for `release` (a pull to kill mid-layer); later ones whole
+                  (Range ignored: 200)
+  hang-resume     as hang, then Range answered with 206
   larger          Content-Length larger than the descriptor
   larger-unsized  no Content-Length, more bytes than the descriptor
   expire          the first token is refused on the blob (401 in mid-pull)
@@ -46,12 +48,13 @@ def _sha(b):
 
 
 def _layer():
-    """A real gzip'd tar (one 256 KiB file of random bytes), so that a good
-    pull through the CLI completes."""
+    """A real gzip'd tar (one 3 MiB file of random bytes), so that a good
+    pull through the CLI completes, and half of it is more than the client's
+    1 MiB read (a pull killed mid-layer has written some of it)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as t:
         ti = tarfile.TarInfo("data.bin")
-        data = os.urandom(256 * 1024)
+        data = os.urandom(3 << 20)
         ti.size, ti.mode = len(data), 0o644
         t.addfile(ti, io.BytesIO(data))
     raw = buf.getvalue()
@@ -243,7 +246,7 @@ class Hostile:
             return self._send(h, 200, bytes(bad))
         if scen == "truncated":
             return self._cut(h, data, start)
-        if scen == "hang" and n == 1 and len(data) > 4096:
+        if scen in ("hang", "hang-resume") and n == 1 and len(data) > 4096:
             h.send_response(200)
             h.send_header("Content-Length", str(len(data)))
             h.end_headers()
@@ -255,7 +258,7 @@ class Hostile:
             return
         if scen in ("cut-resume", "cut-restart") and n == 1:
             return self._cut(h, data)
-        if scen == "cut-resume" and start:
+        if scen in ("cut-resume", "hang-resume") and start:
             return self._send(h, 206, data[start:], [
                 ("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")])
         if scen == "larger":
