@@ -133,6 +133,28 @@ def tier_line(mode):
             "(a guard against accidents, not against a hostile tenant)")
 
 
+def launch_line(host, sel, memory=None, compute=None):
+    """What `gpusandbox list` says of sharing for a launch with these options:
+    the tier that would enforce the limits and what it does not guarantee.
+    Raises the launch's own refusals (exit 125)."""
+    if memory is None and compute is None:
+        if sel.migs:
+            return ("tier 4, MIG device(s): a hard partition of memory and SMs, enforced by "
+                    "the GPU")
+        return ("no limits asked (--gpu-memory/--gpu-compute): sandboxes that see the same "
+                "GPU share its memory and SMs with nothing between them")
+    mib = parse_memory(memory) if memory is not None else None
+    pct = parse_compute(compute) if compute is not None else None
+
+    class _Spec:
+        user = None
+    gpu, mode = check_gpu(host, sel, _Spec)
+    limits = ", ".join(x for x in (f"{mib} MiB" if mib else "", f"{pct}% of SMs" if pct else "")
+                       if x)
+    return (f"{limits} per CUDA process on GPU {gpu.index}: {tier_line(mode)}; tier 3 "
+            f"(driver memory limits) unavailable: {dmem_status()[1]}")
+
+
 def check_gpu(host, sel, spec):
     """The one GPU the limits apply to, and its compute mode; raises the
     refusals (exit 125) for what MPS cannot do here."""
