@@ -189,7 +189,42 @@ def check_gpu(host, sel, spec):
     if mode == "Prohibited":
         raise GpuError(f"MPS limits on GPU {gpu.index}", "its compute mode is PROHIBITED",
                        hint="nvidia-smi -i N -c DEFAULT (root) to allow compute")
+    others = other_servers(host, gpu)
+    if others:
+        pid, uid = others[0]
+        raise GpuError(f"MPS limits on GPU {gpu.index}", f"an MPS server of another user "
+                       f"(uid {uid}, pid {pid}) runs on it",
+                       hint="an MPS server serves one user: wait until that user's daemon "
+                            "stops ('gpusandbox mps down' as that user), or use another GPU")
     return gpu, mode
+
+
+def other_servers(host, gpu):
+    """[(pid, uid)] of the MPS servers of other users on this GPU, as
+    nvidia-smi lists them among its compute processes; [] where it does not
+    tell (an older nvidia-smi, a pid namespace that hides them)."""
+    smi = host.bins.get("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        res = subprocess.run([smi, "--query-compute-apps=pid,gpu_uuid,process_name",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = []
+    for line in res.stdout.splitlines() if res.returncode == 0 else ():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) != 3 or not cols[0].isdigit() or cols[1] != gpu.uuid or \
+                os.path.basename(cols[2]) != "nvidia-cuda-mps-server":
+            continue
+        try:
+            uid = os.stat(f"/proc/{cols[0]}").st_uid
+        except OSError:
+            continue
+        if uid != os.geteuid():
+            out.append((int(cols[0]), uid))
+    return out
 
 
 def apply(plan, spec, host, sel, edits, host_env):
