@@ -291,8 +291,11 @@ def info_lines(host):
             pid = e.line()
         if pid is not None:
             running.append(f"gpu {g.index} ({pid})")
-    tiers = ["MPS (tiers 1-2): " + ("available" if has_mps else
-                                    "unavailable: the driver root has no MPS binaries"),
+    tiers = ["MPS (tiers 1-2): " + (
+        "available: --gpu-memory/--gpu-compute use tier 1 (tier 2 once 'gpusandbox mps up "
+        "--exclusive' set EXCLUSIVE_PROCESS), ceilings applied by each process's own libcuda: "
+        "a guard against accidents, not against a hostile tenant" if has_mps else
+        "unavailable: the driver root has no MPS binaries"),
              "driver memory limits (tier 3): unavailable: " + dmem_status()[1],
              f"MIG (tier 4): {len(host.migs)} MIG device(s)"]
     brands = sorted({gpu_brand(g.model) or "unknown" for g in host.gpus})

@@ -84,3 +84,16 @@ esac
     monkeypatch.setattr(d, "remove", lambda: None, raising=False)
     assert mpscli._down(host, d)["restored_mode"] == "Default"
     assert mode.read_text().strip() == "DEFAULT"
+
+
+def test_info_names_the_tier_a_launch_uses_and_its_limit(tmp_path, monkeypatch):
+    from gpusandbox.gpu import mps
+    host, gpu, _ = _host(tmp_path, "exit 2\n")
+    host.gpus = [gpu]
+    host.bins.update({mps.CTL: "/x/ctl", "nvidia-cuda-mps-server": "/x/srv"})
+    monkeypatch.setattr(mps, "base_dir", lambda environ=None: str(tmp_path / "mps"))
+    lines = dict(share.info_lines(host))
+    assert lines["gpu sharing"].startswith(
+        "MPS (tiers 1-2): available: --gpu-memory/--gpu-compute use tier 1 (tier 2 once "
+        "'gpusandbox mps up --exclusive' set EXCLUSIVE_PROCESS)")
+    assert "not against a hostile tenant" in lines["gpu sharing"]
