@@ -92,7 +92,9 @@ def _up(host, d, a):
         if mode is None:
             raise GpuError(f"mps up --exclusive on GPU {d.gpu.index}",
                            "nvidia-smi did not report the compute mode to restore later")
-        state["previous_mode"] = mode
+        # A second `up --exclusive` finds the mode the first one set: the
+        # mode to restore stays the one found before any of them.
+        state["previous_mode"] = d.read_state().get("previous_mode") or mode
         if mode != "Exclusive_Process":
             _smi_mode(host, d.gpu, "EXCLUSIVE_PROCESS")
     started = d.start()

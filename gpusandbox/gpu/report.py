@@ -43,6 +43,10 @@ def _parser(prog, with_selection):
                        "NVIDIA_VISIBLE_DEVICES, else all)")
         p.add_argument("--gpu-caps", default=None, help="driver capabilities "
                        "(default: NVIDIA_DRIVER_CAPABILITIES, else utility,compute)")
+        p.add_argument("--gpu-memory", default=None, help="the sharing tier a launch with "
+                       "this per-process memory ceiling would use")
+        p.add_argument("--gpu-compute", default=None, help="the sharing tier a launch with "
+                       "this SM percentage would use")
     return p
 
 
@@ -130,6 +134,8 @@ def main_list(argv):
             print("no GPU support requested (void): nothing is injected")
             return 0
         data = list_data(host, sel)
+        from gpusandbox.gpu.share import launch_line
+        data["sharing"] = launch_line(host, sel, args.gpu_memory, args.gpu_compute)
     except SandboxError as e:
         return _fail(e)
     if data["warning"]:
@@ -143,6 +149,7 @@ def main_list(argv):
         print(f"{group}:")
         for path in data[group]:
             print(f"  {path}")
+    print(f"sharing: {data['sharing']}")
     return 0
 
 

@@ -133,6 +133,28 @@ def tier_line(mode):
             "(a guard against accidents, not against a hostile tenant)")
 
 
+def launch_line(host, sel, memory=None, compute=None):
+    """What `gpusandbox list` says of sharing for a launch with these options:
+    the tier that would enforce the limits and what it does not guarantee.
+    Raises the launch's own refusals (exit 125)."""
+    if memory is None and compute is None:
+        if sel.migs:
+            return ("tier 4, MIG device(s): a hard partition of memory and SMs, enforced by "
+                    "the GPU")
+        return ("no limits asked (--gpu-memory/--gpu-compute): sandboxes that see the same "
+                "GPU share its memory and SMs with nothing between them")
+    mib = parse_memory(memory) if memory is not None else None
+    pct = parse_compute(compute) if compute is not None else None
+
+    class _Spec:
+        user = None
+    gpu, mode = check_gpu(host, sel, _Spec)
+    limits = ", ".join(x for x in (f"{mib} MiB" if mib else "", f"{pct}% of SMs" if pct else "")
+                       if x)
+    return (f"{limits} per CUDA process on GPU {gpu.index}: {tier_line(mode)}; tier 3 "
+            f"(driver memory limits) unavailable: {dmem_status()[1]}")
+
+
 def check_gpu(host, sel, spec):
     """The one GPU the limits apply to, and its compute mode; raises the
     refusals (exit 125) for what MPS cannot do here."""
@@ -167,7 +189,42 @@ def check_gpu(host, sel, spec):
     if mode == "Prohibited":
         raise GpuError(f"MPS limits on GPU {gpu.index}", "its compute mode is PROHIBITED",
                        hint="nvidia-smi -i N -c DEFAULT (root) to allow compute")
+    others = other_servers(host, gpu)
+    if others:
+        pid, uid = others[0]
+        raise GpuError(f"MPS limits on GPU {gpu.index}", f"an MPS server of another user "
+                       f"(uid {uid}, pid {pid}) runs on it",
+                       hint="an MPS server serves one user: wait until that user's daemon "
+                            "stops ('gpusandbox mps down' as that user), or use another GPU")
     return gpu, mode
+
+
+def other_servers(host, gpu):
+    """[(pid, uid)] of the MPS servers of other users on this GPU, as
+    nvidia-smi lists them among its compute processes; [] where it does not
+    tell (an older nvidia-smi, a pid namespace that hides them)."""
+    smi = host.bins.get("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        res = subprocess.run([smi, "--query-compute-apps=pid,gpu_uuid,process_name",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = []
+    for line in res.stdout.splitlines() if res.returncode == 0 else ():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) != 3 or not cols[0].isdigit() or cols[1] != gpu.uuid or \
+                os.path.basename(cols[2]) != "nvidia-cuda-mps-server":
+            continue
+        try:
+            uid = os.stat(f"/proc/{cols[0]}").st_uid
+        except OSError:
+            continue
+        if uid != os.geteuid():
+            out.append((int(cols[0]), uid))
+    return out
 
 
 def apply(plan, spec, host, sel, edits, host_env):
@@ -234,8 +291,11 @@ def info_lines(host):
             pid = e.line()
         if pid is not None:
             running.append(f"gpu {g.index} ({pid})")
-    tiers = ["MPS (tiers 1-2): " + ("available" if has_mps else
-                                    "unavailable: the driver root has no MPS binaries"),
+    tiers = ["MPS (tiers 1-2): " + (
+        "available: --gpu-memory/--gpu-compute use tier 1 (tier 2 once 'gpusandbox mps up "
+        "--exclusive' set EXCLUSIVE_PROCESS), ceilings applied by each process's own libcuda: "
+        "a guard against accidents, not against a hostile tenant" if has_mps else
+        "unavailable: the driver root has no MPS binaries"),
              "driver memory limits (tier 3): unavailable: " + dmem_status()[1],
              f"MIG (tier 4): {len(host.migs)} MIG device(s)"]
     brands = sorted({gpu_brand(g.model) or "unknown" for g in host.gpus})

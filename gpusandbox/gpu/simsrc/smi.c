@@ -217,6 +217,10 @@ static int query(const char *fields, const char *format)
                 else if (strcmp(f, "memory.total") == 0) {
                     nvml.memory(dev, &mem);
                     snprintf(value, sizeof value, units ? "%llu MiB" : "%llu", mem.total >> 20);
+                } else if (strcmp(f, "compute_mode") == 0) {
+                    /* The stand-in GPUs have no compute mode to set: they
+                       report the driver's default. */
+                    snprintf(value, sizeof value, "Default");
                 } else if (strcmp(f, "mig.mode.current") == 0) {
                     nvml.mig_mode(dev, &current, &pending);
                     snprintf(value, sizeof value, "%s", current ? "Enabled" : "Disabled");
