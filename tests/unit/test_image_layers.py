@@ -165,3 +165,50 @@ def test_layer_with_wrong_diff_id_leaves_nothing(tmp_path):
                                 types.SimpleNamespace(diff_ids=["sha256:" + "0" * 64]))
     assert os.listdir(tmp_path / "s" / "layers") == []
     assert os.listdir(tmp_path / "s" / "tmp") == []
+
+
+def _pull_child(root, lay, tag, log, go):
+    from gpusandbox.image import archive
+    go.wait()
+    st = storemod.Store(root)
+    try:
+        st.pull(archive.OciLayoutSource(lay, tag), [f"img:{tag}"])
+    except BaseException:
+        os._exit(1)
+    with open(log, "a") as fh:
+        fh.write("".join(d + "\n" for d in st._unpacked))
+    os._exit(0)
+
+
+def test_concurrent_pulls_of_images_sharing_layers_unpack_each_once(tmp_path):
+    """16 processes pull two images sharing 2 of 3 layers into one cold
+    store (real applier, layers unpacked in parallel): every layer is
+    unpacked by exactly one of them, and both images are whole."""
+    from tests.unit import image_fixtures as fx
+    shared = [{"bin/": None, "bin/sh": b"sh"}, {"etc/": None, "etc/x": b"x" * 50000}]
+    images = []
+    for tag, top in (("a", {"a": b"A"}), ("b", {"b": b"B", "etc/.wh.x": b""})):
+        man, blobs = fx.build_image(shared + [top])
+        images.append((tag, man, blobs))
+    lay = fx.write_layout(str(tmp_path / "lay"), images)
+    root, log = str(tmp_path / "s"), str(tmp_path / "log")
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    go = ctx.Event()
+    procs = [ctx.Process(target=_pull_child, args=(root, lay, "ab"[i % 2], log, go))
+             for i in range(16)]
+    for p in procs:
+        p.start()
+    go.set()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 16
+    unpacked = open(log).read().split()
+    assert len(unpacked) == 4 and len(set(unpacked)) == 4, unpacked
+    assert len(os.listdir(tmp_path / "s" / "layers")) == 4
+    st = storemod.Store(root)
+    ra, rb = (st.bundle(st.get_ref(f"img:{t}")) + "/rootfs" for t in "ab")
+    assert sorted(os.listdir(ra)) == ["a", "bin", "etc"] and os.listdir(ra + "/etc") == ["x"]
+    assert sorted(os.listdir(rb)) == ["b", "bin", "etc"] and os.listdir(rb + "/etc") == []
+    assert os.stat(ra + "/bin/sh").st_ino == os.stat(rb + "/bin/sh").st_ino
+    assert os.listdir(tmp_path / "s" / "tmp") == []
