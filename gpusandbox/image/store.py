@@ -1,4 +1,4 @@
-"""The image store: content-addressed blobs, flattened images, refs.
+"""The image store: content-addressed blobs, layers unpacked once, images, refs.
 
   ROOT/blobs/sha256/<hex>            verified blobs (manifests, configs, layers)
   ROOT/layers/<alg>-<diff_id hex>/   one layer unpacked alone (layers.py)
