@@ -40,6 +40,7 @@ def pull(st, source, names=None, platform=None, asked=False, progress=None):
             return st.image_record(dig)
     gc = st.lock("gc", shared=True)
     st._fetched = []
+    st._unpacked = []
     try:
         st.clean_staging()
         if not st.has_image(dig):
@@ -68,6 +69,9 @@ def _forget(st, gc):
         os.close(gc)
         return
     try:
+        from .layers import remove_unneeded
+        if st._unpacked:
+            remove_unneeded(st, st._unpacked)
         needed = set()
         for d in st.image_digests():
             rec = st.image_record(d) or {}
@@ -99,6 +103,16 @@ def _build(st, source, dig, man, raw, want, asked, progress):
         if st.has_blob(d) and progress:
             progress("cached", d)
         st.ensure_blob(source, d, progress)
+    from .layers import ensure_layers
+    warned = set()
+
+    def warn(line):
+        if line not in warned and progress:
+            warned.add(line)
+            progress("warn", line)
+    # Each layer the store lacks is unpacked alone (once across concurrent
+    # pulls, several at a time); the image is then their merge.
+    ensure_layers(st, man, conf, progress, warn)
     lk = st.lock("image-" + dig.partition(":")[2])
     try:
         if st.has_image(dig):
@@ -109,7 +123,7 @@ def _build(st, source, dig, man, raw, want, asked, progress):
 
 
 def _unpack(st, dig, man, conf, progress):
-    from . import unpack
+    from . import layers
     tmp = st._staging_name("image")
     os.mkdir(tmp, 0o700, dir_fd=st.fd)
     sfd = os.open(tmp, _DIR, dir_fd=st.fd)
@@ -117,29 +131,15 @@ def _unpack(st, dig, man, conf, progress):
         os.mkdir("rootfs", 0o755, dir_fd=sfd)
         rootfd = os.open("rootfs", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
                          | os.O_CLOEXEC, dir_fd=sfd)
-        warned = set()
-
-        def warn(line):
-            if line not in warned and progress:
-                warned.add(line)
-                progress("warn", line)
         try:
-            for i, d in enumerate(man["layers"]):
-                with st.open_blob(d["digest"]) as f:
-                    diff_id = unpack.apply_layer(rootfd, f, media_type=d["mediaType"],
-                                                 rootless=os.geteuid() != 0, warn=warn)
-                if diff_id != conf.diff_ids[i]:
-                    raise ImageError(f"layer {d['digest']} does not match the image "
-                                     f"config's diff_id", f"got {diff_id}, config says "
-                                     f"{conf.diff_ids[i]}")
-                if progress:
-                    progress("layer", d)
+            layers.merge(st, conf.diff_ids, rootfd, os.geteuid() != 0)
         finally:
             os.close(rootfd)
         size = sum(d["size"] for d in man["layers"])
         rec = {"digest": dig, "config": man["config"]["digest"], "size": size,
                "created": conf.created, "platform": mf.format_platform(conf.platform()),
-               "layers": [d["digest"] for d in man["layers"]], "pulled": int(time.time())}
+               "layers": [d["digest"] for d in man["layers"]],
+               "diff_ids": list(conf.diff_ids), "pulled": int(time.time())}
         for fname, data in (("image.json", json.dumps(rec).encode()), ("used", b""),
                             ("config.json", bundle_config(conf)),
                             (runrec.NAME, runrec.dump(man["config"]["digest"], conf))):

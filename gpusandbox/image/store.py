@@ -1,7 +1,8 @@
-"""The image store: content-addressed blobs, flattened images, refs.
+"""The image store: content-addressed blobs, layers unpacked once, images, refs.
 
   ROOT/blobs/sha256/<hex>            verified blobs (manifests, configs, layers)
-  ROOT/images/<manifest hex>/rootfs  the image, layers applied in order
+  ROOT/layers/<alg>-<diff_id hex>/   one layer unpacked alone (layers.py)
+  ROOT/images/<manifest hex>/rootfs  the image: its layers merged by hard links
   ROOT/images/<manifest hex>/image.json, used (mtime = last used)
   ROOT/refs/<escaped name>           {"name", "digest"}: a name -> manifest digest
   ROOT/tmp/                          staging: a blob or an image being built
@@ -32,7 +33,8 @@ from . import runrec
 from .digest import ImageError
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-SUBDIRS = ("blobs", "blobs/sha256", "blobs/sha512", "images", "refs", "tmp", "locks")
+SUBDIRS = ("blobs", "blobs/sha256", "blobs/sha512", "images", "layers", "refs", "tmp",
+           "locks")
 MAX_REF_FILE = 200
 
 
@@ -160,6 +162,7 @@ class Store:
         self._own = None
         self._n = 0
         self._fetched = []
+        self._unpacked = []
 
     def close(self):
         os.close(self.fd)

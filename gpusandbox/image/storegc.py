@@ -91,6 +91,11 @@ def rmi(st, names_or_digests):
             st.remove_ref(n)
         for d, _ in held:
             remove_image(st, d)
+        if held:
+            # Layers only the removed images listed go with them; a layer
+            # another image lists stays.
+            from .layers import remove_unneeded
+            remove_unneeded(st)
         return [(n or d, d) for n, d in plan]
     finally:
         for _, fd in held:
@@ -122,6 +127,8 @@ def prune(st):
             keep.add(d)
             keep.add(rec.get("config"))
             keep.update(rec.get("layers") or [])
+        from .layers import remove_unneeded
+        remove_unneeded(st)
         n_blob, freed = 0, 0
         for alg in ("sha256", "sha512"):
             bfd = os.open(f"blobs/{alg}", _DIR, dir_fd=st.fd)
@@ -141,7 +148,7 @@ def prune(st):
         lfd = os.open("locks", _DIR, dir_fd=st.fd)
         try:
             for name in os.listdir(lfd):
-                if name.startswith(("blob-", "image-")):
+                if name.startswith(("blob-", "image-", "layer-")):
                     os.unlink(name, dir_fd=lfd)
                 elif name.startswith("owner-"):
                     # a dead process's (its lock is free): a live one's stays

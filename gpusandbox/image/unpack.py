@@ -63,7 +63,8 @@ MEDIA_TYPES = frozenset(
        "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip"])
 
 
-def apply_layer(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None):
+def apply_layer(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None,
+                record=None):
     """Apply one layer blob (a binary stream, compressed or not) to the tree
     under `rootfd` (an O_PATH directory fd).  Returns the diff_id,
     "sha256:<hex>" of the uncompressed tar stream.  Raises ImageError on
@@ -71,13 +72,20 @@ def apply_layer(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None
 
     media_type: one of MEDIA_TYPES or None; the compression actually used is
     taken from the stream's magic bytes (as docker does), so a layer whose
-    descriptor says gzip but holds plain tar still unpacks."""
+    descriptor says gzip but holds plain tar still unpacks.
+
+    record: a set, to unpack the layer alone into an empty directory as a
+    diff (image/layers.py merges diffs): whiteouts and opaque markers are
+    then kept as empty `.wh.NAME` / `.wh..wh..opq` files instead of acting
+    on the tree (no real member can have such a name), and the set is
+    filled with the directories the layer implies without listing them, so
+    their made-up metadata never overrides a lower layer's."""
     if media_type is not None and media_type not in MEDIA_TYPES:
         raise ImageError(f"unsupported layer media type {printable(media_type)[:200]}",
                          hint="encrypted and foreign layer formats are not supported")
     try:
         reader = TarReader(fileobj, limits or Limits())
-        app = _Applier(rootfd, rootless, reader.lim)
+        app = _Applier(rootfd, rootless, reader.lim, record)
         try:
             for e in reader.entries():
                 app.entry(e, reader)
@@ -98,8 +106,12 @@ def _show(path):
 
 
 class _Applier:
-    def __init__(self, rootfd, rootless, limits):
+    def __init__(self, rootfd, rootless, limits, record=None):
         self.root = rootfd
+        self.record = record
+        self.record_bytes = 0
+        if record is not None:
+            record.add(b"")
         self.rootless = rootless
         self.lim = limits
         # Paths this layer created or descended through (pathset.py: 16 to
@@ -166,6 +178,8 @@ class _Applier:
                 except FileNotFoundError:
                     # Parents the layer does not list: 0755, as docker makes them.
                     os.mkdir(c, 0o700, dir_fd=fd)
+                    if self.record is not None:
+                        self._implied(b"/".join(comps[:i + 1]))
                     nfd = k.openat2(fd, c, os.O_RDONLY | os.O_DIRECTORY, 0, _RES)
                     os.fchmod(nfd, 0o755 | (0o700 if self.rootless else 0))
                 except OSError as e:
@@ -176,6 +190,12 @@ class _Applier:
             os.close(fd)
             raise
         return fd
+
+    def _implied(self, path):
+        self.record_bytes += len(path) + 64
+        if self.record_bytes > _DIRTIMES_BUDGET:
+            raise ImageError("invalid layer", "too many directories implied by its members")
+        self.record.add(path)
 
     def _walk_error(self, comps, e):
         why = {errno.ELOOP: "is or passes through a symlink (never followed)",
@@ -247,6 +267,8 @@ class _Applier:
                 raise ImageError("invalid layer", f"member {_show(e.name)} names the image "
                                  "root but is not a directory")
             fd = k.openat2(self.root, b".", os.O_RDONLY | os.O_DIRECTORY, 0, _RES)
+            if self.record is not None:
+                self.record.discard(b"")
             try:
                 self._owner_mode(fd, e, True)
             finally:
@@ -279,6 +301,8 @@ class _Applier:
             if not self._clear(pfd, leaf, keep_dir=True):
                 os.mkdir(leaf, 0o700, dir_fd=pfd)
             fd = k.openat2(pfd, leaf, os.O_RDONLY | os.O_DIRECTORY, 0, _RES)
+            if self.record is not None:
+                self.record.discard(path)
             try:
                 self._owner_mode(fd, e, True)
             finally:
@@ -301,6 +325,9 @@ class _Applier:
             # else lives here now.
             self._clear(pfd, leaf)
             self.skipped += 1
+            if self.record is not None and len(leaf) <= 255 - len(_WH):
+                os.close(os.open(_WH + leaf, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o600, dir_fd=pfd))
         else:
             raise ImageError("invalid layer", f"member {_show(path)} has the unsupported "
                              f"tar type {typ!r}")
@@ -358,6 +385,11 @@ class _Applier:
         if parent:
             self._touch(parent)
         pfd = self._parent(parent)
+        if self.record is not None:
+            # A diff keeps the marker; the merge applies it to lower layers.
+            os.close(os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600, dir_fd=pfd))
+            return
         if name is None:
             return self._opaque(b"/".join(parent))
         path = b"/".join(parent + [name])

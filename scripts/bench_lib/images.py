@@ -40,6 +40,19 @@ def _timed(argv, env, cwd="/"):
     return _ms(t0), p.returncode, err, ru.ru_maxrss
 
 
+def _timed_cpu(argv, env):
+    """(wall ms, returncode, stderr, CPU ms): the CPU time (user + system of
+    the launcher and the sandbox it waits for) barely moves with the load of
+    a shared machine, which the wall time does by tens of ms."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, env=env, cwd="/", stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    err = p.stderr.read().decode(errors="replace")
+    _pid, status, ru = os.wait4(p.pid, 0)
+    return _ms(t0), os.waitstatus_to_exitcode(status), err, \
+        (ru.ru_utime + ru.ru_stime) * 1000
+
+
 def _human(n):
     return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
 
@@ -49,9 +62,14 @@ def _med(xs):
 
 
 class ImageBench:
-    def __init__(self, tmp, gsbx, env, rootfs, size, entries, reps, runs, log):
+    def __init__(self, tmp, gsbx, env, rootfs, size, entries, reps, runs, log, user=None):
+        """user: (uid, gid, env) of the unprivileged user for the rootless
+        rows (cold pull, second image, cached run), or None for root only."""
         self.top = os.path.join(tmp, "images")
         os.makedirs(self.top, mode=0o700)
+        self.user = user
+        if user:
+            os.chmod(self.top, 0o711)     # the user reaches its own stores below
         self.gsbx, self.env, self.rootfs = gsbx, dict(env), rootfs
         self.size, self.entries, self.reps, self.runs = size, entries, reps, runs
         self.log = log
@@ -59,11 +77,26 @@ class ImageBench:
         self.res = {"image_bytes": size, "entries": entries, "reps": reps}
         self.n_store = 0
 
-    def _dir(self, what):
+    def _dir(self, what, mode="root"):
         self.n_store += 1
         d = os.path.join(self.top, f"{what}-{self.n_store}")
         os.mkdir(d, 0o700)
+        if mode == "rootless":
+            os.chown(d, self.user[0], self.user[1])
         return d
+
+    def _as(self, mode, argv):
+        if mode != "rootless":
+            return list(argv)
+        uid, gid, _env = self.user
+        return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+                *argv]
+
+    def _env(self, mode):
+        return dict(self.user[2]) if mode == "rootless" else self.env
+
+    def modes(self):
+        return ("root", "rootless") if self.user else ("root",)
 
     def _drop(self, d):
         unmount_under(d, self.log)
@@ -72,17 +105,18 @@ class ImageBench:
     def ref(self, name):
         return f"docker://{self.reg.host}/bench/{name}:1"
 
-    def gpull(self, store, name):
-        return _timed([self.gsbx, "pull", "--store", store, "--progress", "none",
-                       self.ref(name)], self.env)
+    def gpull(self, store, name, mode="root"):
+        return _timed(self._as(mode, [self.gsbx, "pull", "--store", store, "--progress",
+                                      "none", self.ref(name)]), self._env(mode))
 
     # --- the whole section --------------------------------------------------
     def run(self):
         try:
             self._prepare()
             self._pulls()
-            self._second()
-            self._cached_run()
+            for mode in self.modes():
+                self._second(mode)
+                self._cached_run(mode)
             self._concurrent(32)
             self._entries()
         finally:
@@ -113,6 +147,8 @@ class ImageBench:
     # --- (a) cold pull + unpack against skopeo + umoci and podman --------------
     def _pulls(self):
         tools = {"gpusandbox": self._one_gsbx, "skopeo+umoci": self._one_umoci}
+        if self.user:
+            tools["gpusandbox rootless"] = lambda: self._one_gsbx("rootless")
         podman = shutil.which("podman")
         if podman:
             tools["podman"] = self._one_podman
@@ -146,10 +182,10 @@ class ImageBench:
         out["gpusandbox_max_rss_mb"] = round(max(rss) / 1024, 1) if rss else None
         self.res["pull"] = out
 
-    def _one_gsbx(self):
-        d = self._dir("gsbx")
+    def _one_gsbx(self, mode="root"):
+        d = self._dir("gsbx", mode)
         try:
-            ms, rc, err, kb = self.gpull(os.path.join(d, "store"), "big")
+            ms, rc, err, kb = self.gpull(os.path.join(d, "store"), "big", mode)
             return ms, (None if rc == 0 else _tail(err)), kb
         finally:
             self._drop(d)
@@ -184,49 +220,57 @@ class ImageBench:
             self._drop(d)
 
     # --- (b) the second image: only its new layer -----------------------------
-    def _second(self):
-        d = self._dir("second")
+    def _second(self, mode="root"):
+        key = "second" if mode == "root" else "second_rootless"
+        d = self._dir("second", mode)
         store = os.path.join(d, "store")
-        self.second_store = store
-        ms, rc, err, _ = self.gpull(store, "big")
+        self.second_store = getattr(self, "second_store", {})
+        self.second_store[mode] = store
+        first_ms, rc, err, _ = self.gpull(store, "big", mode)
         if rc:
-            self.res["second"] = {"error": _tail(err)}
+            self.res[key] = {"error": _tail(err)}
             return
         blobs_before = len(os.listdir(os.path.join(store, "blobs", "sha256")))
+        layers_dir = os.path.join(store, "layers")
+        layers_before = len(os.listdir(layers_dir)) if os.path.isdir(layers_dir) else 0
         since = self.reg.log_size()
         t0 = time.perf_counter()
-        p = subprocess.run([self.gsbx, "pull", "--store", store, "--progress", "json",
-                            self.ref("big2")], env=self.env, cwd="/", capture_output=True,
-                           text=True)
+        p = subprocess.run(self._as(mode, [self.gsbx, "pull", "--store", store, "--progress",
+                                           "json", self.ref("big2")]),
+                           env=self._env(mode), cwd="/", capture_output=True, text=True)
         ms = _ms(t0)
         got = self.reg.blob_bytes(since)
         if p.returncode:
-            self.res["second"] = {"error": _tail(p.stderr)}
+            self.res[key] = {"error": _tail(p.stderr)}
             return
-        applied = 0
+        unpacked = 0
         for line in (p.stdout + p.stderr).splitlines():
             try:
-                applied += json.loads(line).get("event") == "layer"
+                unpacked += json.loads(line).get("event") == "layer"
             except (ValueError, AttributeError):
                 pass
         new = self.info["big2"][-1]
         shared = set(self.info["big2"][:-1])
-        self.res["second"] = {
+        self.res[key] = {
+            "first_ms": round(first_ms, 1),
             "ms": round(ms, 1),
             "blobs_fetched": len(got),
             "bytes_fetched": sum(b for _c, b in got.values()),
             "new_layer_bytes": self.info["layer_bytes"][-1],
             "new_layer_fetched": new in got,
             "shared_layers_fetched": len(shared & set(got)),
-            # The store keeps one flattened tree per image: every layer of
-            # the second image is applied again from the blobs it holds.
-            "layers_applied": applied,
+            # Layers are unpacked once each into the store (layers/); the
+            # second image unpacks its new one and links the merge.
+            "layers_applied": unpacked,
+            "layer_dirs_added": (len(os.listdir(layers_dir)) if os.path.isdir(layers_dir)
+                                 else 0) - layers_before,
             "store_blobs_added": len(os.listdir(os.path.join(store, "blobs", "sha256")))
             - blobs_before}
 
     # --- (c) run of the cached image against run of its tree ------------------
-    def _cached_run(self):
-        store = getattr(self, "second_store", None)
+    def _cached_run(self, mode="root"):
+        key = "cached_run" if mode == "root" else "cached_run_rootless"
+        store = getattr(self, "second_store", {}).get(mode)
         rootfs = None
         for j in glob.glob(os.path.join(store or "/nonexistent", "images", "*", "image.json")):
             with open(j) as f:
@@ -236,24 +280,28 @@ class ImageBench:
             if layers == self.info["big"]:
                 rootfs = os.path.join(os.path.dirname(j), "rootfs")
         if rootfs is None:
-            self.res["cached_run"] = {"error": "the pulled image's rootfs was not found"}
+            self.res[key] = {"error": "the pulled image's rootfs was not found"}
             return
-        env = dict(self.env, GPUSANDBOX_STORE=store)
-        argvs = {"image": [self.gsbx, "run", self.ref("big"), *TRUE],
-                 "dir": [self.gsbx, "run", rootfs, *TRUE]}
+        env = dict(self._env(mode), GPUSANDBOX_STORE=store)
+        argvs = {"image": self._as(mode, [self.gsbx, "run", self.ref("big"), *TRUE]),
+                 "dir": self._as(mode, [self.gsbx, "run", rootfs, *TRUE])}
         samples = {k: [] for k in argvs}
+        cpu = {k: [] for k in argvs}
         n = max(10, self.runs)
         for i in range(n + 2):
             for k, argv in argvs.items():
-                ms, rc, err, _ = _timed(argv, env)
+                ms, rc, err, cms = _timed_cpu(argv, env)
                 if rc:
-                    self.res["cached_run"] = {"error": f"{k}: {_tail(err)}"}
+                    self.res[key] = {"error": f"{k}: {_tail(err)}"}
                     return
                 if i >= 2:
                     samples[k].append(ms)
+                    cpu[k].append(cms)
         im, di = _med(samples["image"]), _med(samples["dir"])
-        self.res["cached_run"] = {"image_median_ms": im, "dir_median_ms": di,
-                                  "added_ms": round(im - di, 3), "n": n}
+        self.res[key] = {"image_median_ms": im, "dir_median_ms": di,
+                         "added_ms": round(im - di, 3), "n": n,
+                         "image_cpu_ms": _med(cpu["image"]), "dir_cpu_ms": _med(cpu["dir"]),
+                         "added_cpu_ms": round(_med(cpu["image"]) - _med(cpu["dir"]), 3)}
 
     # --- (d) concurrent cold runs ---------------------------------------------
     def _concurrent(self, n):
@@ -318,6 +366,10 @@ class ImageBench:
                     sec.get("shared_layers_fetched"), 0, "layers"),
             _target("run docker://REF (cached) adds <= 2 ms over run DIR",
                     cr.get("added_ms"), 2.0, "ms"),
+            _target("rootless: run docker://REF (cached) adds <= 2 ms over run DIR",
+                    r.get("cached_run_rootless", {}).get("added_ms"), 2.0, "ms"),
+            _target("second image: layers unpacked = 1 (the new one)",
+                    sec.get("layers_applied"), 1, "layers"),
             _target(f"{co.get('n', 32)} concurrent cold runs: each blob fetched once",
                     co.get("max_gets_per_blob") if not co.get("failed") else None, 1,
                     "GETs"),
@@ -335,7 +387,7 @@ def print_section(r, write):
           f"cold store each time, {r['reps']} rounds interleaved")
     pull = r.get("pull", {})
     g = pull.get("gpusandbox", {}).get("median_ms")
-    for name in ("gpusandbox", "skopeo+umoci", "podman"):
+    for name in ("gpusandbox", "gpusandbox rootless", "skopeo+umoci", "podman"):
         v = pull.get(name)
         if v is None:
             continue
@@ -346,21 +398,26 @@ def print_section(r, write):
         write(f"  {name:<22}{v['median_ms'] / 1000:>9.2f} s   gpusandbox / row {ratio}")
     if pull.get("gpusandbox_max_rss_mb"):
         write(f"  gpusandbox pull peak RSS {pull['gpusandbox_max_rss_mb']} MB")
-    sec = r.get("second", {})
-    if "error" in sec:
-        write(f"  second image: {sec['error']}")
-    elif sec:
-        write(f"  second image (4 of 5 layers shared): {sec['ms'] / 1000:.2f} s, "
-              f"{sec['blobs_fetched']} blobs / {sec['bytes_fetched']} bytes fetched "
-              f"(new layer {sec['new_layer_bytes']} bytes), shared layers fetched "
-              f"{sec['shared_layers_fetched']}, store blobs added {sec['store_blobs_added']}, "
-              f"layers applied {sec['layers_applied']} (one flattened tree per image)")
-    cr = r.get("cached_run", {})
-    if "error" in cr:
-        write(f"  cached run: {cr['error']}")
-    elif cr:
-        write(f"  run docker://REF (cached) {cr['image_median_ms']:.2f} ms, run DIR "
-              f"{cr['dir_median_ms']:.2f} ms: {cr['added_ms']:+.2f} ms (median of {cr['n']})")
+    for key, label in (("second", "root"), ("second_rootless", "rootless")):
+        sec = r.get(key, {})
+        if "error" in sec:
+            write(f"  second image, {label}: {sec['error']}")
+        elif sec:
+            write(f"  second image (4 of 5 layers shared), {label}: {sec['ms'] / 1000:.2f} s "
+                  f"(the first: {sec['first_ms'] / 1000:.2f} s); {sec['blobs_fetched']} "
+                  f"blobs / {sec['bytes_fetched']} bytes fetched (new layer "
+                  f"{sec['new_layer_bytes']} bytes), shared layers fetched "
+                  f"{sec['shared_layers_fetched']}, layers unpacked {sec['layers_applied']}, "
+                  f"layer dirs added {sec['layer_dirs_added']}")
+    for key, label in (("cached_run", "root"), ("cached_run_rootless", "rootless")):
+        cr = r.get(key, {})
+        if "error" in cr:
+            write(f"  cached run, {label}: {cr['error']}")
+        elif cr:
+            write(f"  run docker://REF (cached), {label}: {cr['image_median_ms']:.2f} ms, "
+                  f"run DIR {cr['dir_median_ms']:.2f} ms: {cr['added_ms']:+.2f} ms "
+                  f"(median of {cr['n']}); CPU {cr['image_cpu_ms']:.1f} against "
+                  f"{cr['dir_cpu_ms']:.1f} ms: {cr['added_cpu_ms']:+.2f} ms")
     co = r.get("concurrent", {})
     if co:
         ratio = f", {co['wall_over_pull']:.2f}x one pull" if co.get("wall_over_pull") else ""

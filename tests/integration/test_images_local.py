@@ -80,7 +80,7 @@ def gsbx(runner, store, args, timeout=120):
 
 def _leftovers(store):
     out = []
-    for sub in ("tmp", "images", "refs", "blobs/sha256"):
+    for sub in ("tmp", "images", "layers", "refs", "blobs/sha256"):
         p = store / sub
         if p.exists():
             out += [f"{sub}/{n}" for n in os.listdir(p)]

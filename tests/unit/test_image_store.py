@@ -23,7 +23,7 @@ from gpusandbox.image.digest import ImageError
 from tests.unit import image_fixtures as fx
 
 
-def _test_apply(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None):
+def _test_apply(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None, record=None):
     data = fileobj.read()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
@@ -228,7 +228,7 @@ def test_pull_killed_mid_layer(tmp_path):
     p.start()
     assert os.read(r, 1) == b"x"            # mid-layer, staging dir in place
     st = storemod.Store(root)
-    assert len(os.listdir(root + "/tmp")) == 1
+    assert len(os.listdir(root + "/tmp")) >= 1   # layers unpack in parallel
     os.kill(p.pid, signal.SIGKILL)
     p.join()
     assert st.image_digests() == [] and st.get_ref("k:1") is None
