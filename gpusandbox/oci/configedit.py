@@ -294,6 +294,14 @@ def apply(cfg, edits, statedir, extra_rules=()):
         rule = {"allow": True, "type": typ, "major": major, "minor": minor, "access": access}
         if rule not in rules:
             rules.append(rule)
+    for t in edits.tmpfs:
+        # What a CDI spec mounts as tmpfs (the /proc/driver mask has no
+        # config.json form, as above).
+        if not t.path.startswith("/proc/") and t.path not in taken:
+            taken.add(t.path)
+            mounts.append({"destination": t.path, "type": "tmpfs", "source": "tmpfs",
+                           "options": ["nosuid", "nodev", "noexec", "mode=755"]
+                           + (["ro"] if t.ro else [])})
     for m in edits.mounts:
         if m.path.startswith("/proc/"):
             continue

@@ -122,8 +122,33 @@ def remove(name):
         sys.stdin.buffer.read(1 << 20)    # the runtime's state; not needed
     except OSError:
         pass
-    _rmtree(state_dir(os.environ), name)
+    _drop(state_dir(os.environ), name)
     return 0
+
+
+def _drop(base, name):
+    _rmtree(base, name)
+    try:
+        os.rmdir(base)      # the last one out leaves no empty directory
+    except OSError:
+        pass
+
+
+def _new_dir(environ):
+    """(state directory, a fresh directory of this container's in it); a
+    --remove that took the emptied state directory away meanwhile is met
+    by making it again."""
+    import tempfile
+    for _ in range(3):
+        base = state_dir(environ)
+        collect_garbage(base)
+        try:
+            mine = tempfile.mkdtemp(prefix="c-", dir=base)
+        except FileNotFoundError:
+            continue
+        os.chmod(mine, os.stat(base).st_mode & 0o777)
+        return base, mine
+    raise OSError(2, f"{base} keeps disappearing")
 
 
 def main(argv):
@@ -136,16 +161,12 @@ def main(argv):
     if argv:
         raise configedit.UsageError(f"oci-filter {argv[0]}", "takes no arguments",
                                     hint="podman passes config.json on stdin")
-    import tempfile
     from gpusandbox.errors import SandboxError
     base = mine = None
     try:
         data = sys.stdin.buffer.read(configedit.MAX_CONFIG + 1)
         cfg = configedit.load(data)
-        base = state_dir(os.environ)
-        collect_garbage(base)
-        mine = tempfile.mkdtemp(prefix="c-", dir=base)
-        os.chmod(mine, os.stat(base).st_mode & 0o777)
+        base, mine = _new_dir(os.environ)
         out = configedit.edit(cfg, os.environ, mine)
         if out is not None and os.listdir(mine):
             hooks = configedit._section(out, "hooks", dict)
@@ -158,7 +179,7 @@ def main(argv):
         raise SandboxError("oci-filter", e.strerror or str(e)) from None
     finally:
         if mine is not None:
-            _rmtree(base, os.path.basename(mine))
+            _drop(base, os.path.basename(mine))
     return 0
 
 
