@@ -28,7 +28,8 @@ def spec_dir(cli, sim_host, tmp_path_factory):
     for p in (d, d.parent, d.parent.parent):
         os.chmod(p, 0o755)
     r = subprocess.run([CLI, "cdi", "generate", "--driver-root", sim_host.root,
-                        "--nvidia-cdi-hook-path", "/usr/bin/nvidia-cdi-hook", "--output", str(d)], capture_output=True, text=True, timeout=120)
+                        "--nvidia-cdi-hook-path", "/usr/bin/nvidia-cdi-hook",
+                        "--output", str(d)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert os.listdir(d) == ["nvidia-gpu.yaml"]
     return str(d)
