@@ -14,7 +14,9 @@ each time it creates the container in the runtime (every start), so every
 directory is paired with one runtime container and its one delete.  Only a
 config the runtime never received (podman failed after the filter) leaves
 its directory behind: each call removes those older than GC_AGE, so what
-stays is bounded by what one day of failed creates wrote.
+stays is bounded by what one day of failed creates wrote.  A long-running
+container's directory may go that way too: its files were bound in at its
+create, and the mounts keep them.
 """
 import os
 import re

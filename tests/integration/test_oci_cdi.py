@@ -5,7 +5,9 @@ for the simulated host describes, through real podman and runc; and the
 files the filter generates go when the container does."""
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -19,20 +21,22 @@ SPEC_ENV = "GPUSANDBOX_CDI_SPEC_DIRS"
 
 
 @pytest.fixture(scope="module")
-def spec_dir(cli, sim_host, tmp_path_factory):
+def spec_dir(cli, sim_host):
     """A spec for the simulated host as an admin writes it (`gpusandbox cdi
     generate`, the toolkit's hook commands included: done natively), in a
     directory the test user can read; callers get it through
     GPUSANDBOX_CDI_SPEC_DIRS, so no other test sees it."""
-    d = tmp_path_factory.mktemp("cdi-specs")
-    for p in (d, d.parent, d.parent.parent):
-        os.chmod(p, 0o755)
+    d = tempfile.mkdtemp(prefix="gsbx-test-cdispecs-", dir="/tmp")
+    os.chmod(d, 0o755)
     r = subprocess.run([CLI, "cdi", "generate", "--driver-root", sim_host.root,
                         "--nvidia-cdi-hook-path", "/usr/bin/nvidia-cdi-hook",
                         "--output", str(d)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert os.listdir(d) == ["nvidia-gpu.yaml"]
-    return str(d)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert os.listdir(d) == ["nvidia-gpu.yaml"]
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def check_gpu0(out, why="No such device or address"):
