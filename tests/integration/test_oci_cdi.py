@@ -12,7 +12,7 @@ import tempfile
 import pytest
 
 from .conftest import CLI, MODES
-from .oci_fixtures import (RUNC, SHOW, Podman, assert_schema_valid, make_rootfs,
+from .oci_fixtures import (CRUN, RUNC, SHOW, Podman, assert_schema_valid, make_rootfs,
                            oci_dir, runc_bundle, runc_run, shim)  # noqa: F401 (fixture)
 from .test_oci_hook import hook_def
 
@@ -135,3 +135,18 @@ def test_hook_cdi_names_through_runc(cli, oci_dir, sim_host, spec_dir):
     for n in (0, 1):
         assert f"open: cat: /dev/nvidia{n}: Operation not permitted" in r.stdout, r.stdout
     assert "ls: /usr/lib/x86_64-linux-gnu/libcuda.so.1\n" in r.stdout, r.stdout
+
+
+def test_podman_cdi_annotation_through_wrapper_rootless_crun(cli, test_user, oci_dir,
+                                                             sim_host, spec_dir):
+    """Rootless podman, the wrapper over crun (cgroup2 view, as the wrapper's
+    crun test): the annotation's GPU 0, bound from the spec's host node."""
+    podman = Podman(oci_dir, "rootless", test_user, view=True)
+    (podman.d / "img").mkdir()
+    rootfs = make_rootfs(podman.d / "img", test_user)
+    rt = shim(podman.d / "rt", sim_host.root, runtime=CRUN, name="crun",
+              env={SPEC_ENV: spec_dir})
+    r = podman.run_rootfs(rootfs, ["sh", "-c", SHOW], pre=["--runtime", rt], cgroups=False,
+                          annotations=[f"{ANN}=nvidia.com/gpu=0"])
+    assert r.returncode == 0, r.stderr
+    check_gpu0(r.stdout)
