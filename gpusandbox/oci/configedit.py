@@ -129,6 +129,15 @@ def wants_gpu(cfg):
         not all(_is_cdi_name(i) for i in items)
 
 
+def check_not_mixed(cfg):
+    """NVIDIA_VISIBLE_DEVICES holds CDI names or GPU selectors, not both."""
+    vis = container_env(cfg).get("NVIDIA_VISIBLE_DEVICES") or ""
+    items = [i.strip() for i in vis.split(",") if i.strip()]
+    if any(map(_is_cdi_name, items)) and not all(map(_is_cdi_name, items)):
+        raise UsageError(f"NVIDIA_VISIBLE_DEVICES={vis}", "mixes CDI names and GPU "
+                         "selectors", hint="use one form")
+
+
 def selection(cfg, host):
     """The Selection the container's NVIDIA_VISIBLE_DEVICES asks for, or None."""
     from gpusandbox.gpu import select
@@ -285,6 +294,14 @@ def apply(cfg, edits, statedir, extra_rules=()):
         rule = {"allow": True, "type": typ, "major": major, "minor": minor, "access": access}
         if rule not in rules:
             rules.append(rule)
+    for t in edits.tmpfs:
+        # What a CDI spec mounts as tmpfs (the /proc/driver mask has no
+        # config.json form, as above).
+        if not t.path.startswith("/proc/") and t.path not in taken:
+            taken.add(t.path)
+            mounts.append({"destination": t.path, "type": "tmpfs", "source": "tmpfs",
+                           "options": ["nosuid", "nodev", "noexec", "mode=755"]
+                           + (["ro"] if t.ro else [])})
     for m in edits.mounts:
         if m.path.startswith("/proc/"):
             continue
@@ -315,11 +332,7 @@ def edit(cfg, environ, statedir, bundle_fd=None):
     gpu = wants_gpu(cfg)
     if not (cdi or gpu):
         return cfg if dropped else None
-    if gpu:
-        vis = container_env(cfg)["NVIDIA_VISIBLE_DEVICES"]
-        if any(_is_cdi_name(i.strip()) for i in vis.split(",")):
-            raise UsageError(f"NVIDIA_VISIBLE_DEVICES={vis}", "mixes CDI names and GPU "
-                             "selectors", hint="use one form")
+    check_not_mixed(cfg)
     rootfd = open_rootfs(cfg, bundle_fd)
     try:
         if cdi:

@@ -2,7 +2,9 @@
 
 The OCI hook in the role of nvidia-container-runtime-hook: the runtime
 hands the container's state on stdin; the bundle's config.json says which
-GPUs (NVIDIA_VISIBLE_DEVICES in process.env, `run`'s selection semantics);
+GPUs (NVIDIA_VISIBLE_DEVICES in process.env, `run`'s selection semantics,
+or CDI names: `cdi.k8s.io/*` annotations and qualified names in
+NVIDIA_VISIBLE_DEVICES, resolved as the wrapper resolves them);
 the same ContainerEdits `run` builds are applied to the live container:
 device nodes, driver files, links and the loader cache.
 
@@ -31,7 +33,8 @@ import sys
 
 STAGES = ("prestart", "createRuntime", "createContainer")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_KEEP = ("GPUSANDBOX_DRIVER_ROOT", "GPUSANDBOX_DEV_ROOT", "GPUSANDBOX_OCI_CONF")
+_KEEP = ("GPUSANDBOX_DRIVER_ROOT", "GPUSANDBOX_DEV_ROOT", "GPUSANDBOX_OCI_CONF",
+         "GPUSANDBOX_CDI_SPEC_DIRS")
 _DANGEROUS = ("LD_", "PYTHON", "GCONV_PATH", "LOCPATH", "MALLOC_", "GLIBC_TUNABLES",
               "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "TMPDIR")
 _REEXEC = "GPUSANDBOX_HOOK_CLEAN"
@@ -148,6 +151,7 @@ def _enter(pid):
 
 
 def run(stage):
+    from gpusandbox.edits import ContainerEdits
     from gpusandbox.errors import GpuError
     from gpusandbox.gpu import inject
     from gpusandbox.oci import configedit
@@ -159,16 +163,28 @@ def run(stage):
         cfg = _load_config(bfd)
     finally:
         os.close(bfd)
-    if not configedit.wants_gpu(cfg):
+    cdi = configedit.cdi_requests(cfg)
+    gpu = configedit.wants_gpu(cfg)
+    if not (cdi or gpu):
         return 0
-    host = configedit.discover_host(os.environ)
-    sel = configedit.selection(cfg, host)
-    if sel is None:
+    configedit.check_not_mixed(cfg)
+    sel = None
+    if gpu:
+        host = configedit.discover_host(os.environ)
+        sel = configedit.selection(cfg, host)
+    if sel is None and not cdi:
         return 0
     root = _root_path(cfg, bundle)
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        edits = inject.build_edits(host, sel, rootfd)
+        # CDI names (cdi.k8s.io/* annotations, qualified names in
+        # NVIDIA_VISIBLE_DEVICES) through the consumer the wrapper uses; the
+        # device rules it returns are the runtime's to apply, too late here.
+        edits = ContainerEdits()
+        if cdi:
+            edits.extend(configedit.resolve_cdi(cdi, rootfd, os.environ)[0])
+        if sel is not None:
+            edits.extend(inject.build_edits(host, sel, rootfd))
     finally:
         os.close(rootfd)
     if stage == "createContainer":

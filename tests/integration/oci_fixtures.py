@@ -126,12 +126,13 @@ CGROUP2_VIEW = ["unshare", "-m", "sh", "-c", "mount --make-rprivate / && "
 CRUN = shutil.which("crun") or "/usr/bin/crun"
 
 
-def shim(d, sim_root, target=WRAPPER, runtime=None, name="gpusandbox-runtime-sim"):
+def shim(d, sim_root, target=WRAPPER, runtime=None, name="gpusandbox-runtime-sim", env=None):
     """An executable that gives `target` the simulated host, as an admin's
     /etc/gpusandbox/oci.conf would (podman passes the runtime no env)."""
     p = Path(d) / name
     p.parent.mkdir(exist_ok=True)
     rt = f"export GPUSANDBOX_OCI_RUNTIME={runtime}\n" if runtime else ""
+    rt += "".join(f"export {k}={v}\n" for k, v in (env or {}).items())
     p.write_text(f"#!/bin/sh\nexport GPUSANDBOX_DRIVER_ROOT={sim_root}\n{rt}"
                  f"exec {target} \"$@\"\n")
     os.chmod(p, 0o755)
@@ -167,9 +168,12 @@ class Podman:
             env["XDG_RUNTIME_DIR"] = str(self.store / "xdg")
         return env
 
-    def run_rootfs(self, rootfs, cmd, pre=(), env=(), timeout=120, cgroups=True):
+    def run_rootfs(self, rootfs, cmd, pre=(), env=(), timeout=120, cgroups=True,
+                   annotations=()):
         args = list(pre) + ["run", "--rm", "--network", "host", "--ulimit", "nofile=1024:1024",
                             "--ulimit", "nproc=1024:1024"]
+        for a in annotations:
+            args += ["--annotation", a]
         if not cgroups:
             args += ["--cgroups", "disabled"]
         for e in env:

@@ -203,5 +203,11 @@ def test_filter_output_schema_valid_and_untouched_without_gpu(cli, sim_host, oci
     assert_schema_valid(out)
     assert sorted(x["minor"] for x in out["linux"]["resources"]["devices"]
                   if x.get("major") == 195 and x.get("allow")) == [1, 255]
-    assert os.path.exists(next(m["source"] for m in out["mounts"]
-                               if m["destination"] == "/etc/ld.so.cache"))
+    src = next(m["source"] for m in out["mounts"] if m["destination"] == "/etc/ld.so.cache")
+    assert os.path.exists(src)
+    # No runtime here to run the poststop hook: run it as runc's delete would.
+    post = out["hooks"]["poststop"][-1]
+    r = subprocess.run(post["args"], env=dict(e.split("=", 1) for e in post["env"]),
+                       input=b"{}", capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(os.path.dirname(src))
