@@ -12,7 +12,7 @@ def check_share(opts, host, sel):
     if opts.image and sel is not None and not sel.none:
         from gpusandbox.gpu import compat
         try:
-            d = compat.for_launch("auto", opts.image, host, sel, [])
+            d = _compat(compat, opts, host, sel)
         except SandboxError as e:
             out.append(Check("sharing", "image forward compatibility", WARN, e.line()))
         else:
@@ -20,3 +20,14 @@ def check_share(opts, host, sel):
                 out.append(Check("sharing", "image forward compatibility", PASS,
                                  ("used: " if d.use else "not used: ") + d.reason))
     return out
+
+
+def _compat(compat, opts, host, sel):
+    """The forward-compat decision for the image: a squashfs file is read
+    through its read-only mount, as run reads it (doctor/sqsh.py)."""
+    import os
+    if opts.image.endswith((".sqsh", ".squashfs")) and not os.path.isdir(opts.image):
+        from .sqsh import mounted
+        with mounted(opts.image, opts.userns) as (root, _env):
+            return compat.for_launch("auto", root, host, sel, [])
+    return compat.for_launch("auto", opts.image, host, sel, [])
