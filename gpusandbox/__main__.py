@@ -19,6 +19,7 @@ commands:
   list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
   doctor [--gpus SEL] [IMAGE_DIR]             check launcher, driver and image, one line per check
   sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)
+  oci [--root DIR] COMMAND ...                the OCI runtime command line (runc's; docs/oci.md)
   version                                     print the version
 """
 
@@ -60,6 +61,9 @@ def main(argv=None):
         return _report_cmd("gpusandbox.gpu.sim", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):
         return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
+    if cmd == "oci":
+        from .oci.runtime.cli import main as oci_main
+        return oci_main(rest)
     if cmd in ("version", "--version"):
         from . import __version__
         sys.stdout.write(f"gpusandbox {__version__}\n")

@@ -92,7 +92,9 @@ class LaunchPlan:
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
-                 "own_cgroup", "squash", "squash_pid")
+                 "own_cgroup", "squash", "squash_pid",
+                 # an OCI runtime launch (oci/config.py OciExtras), else None
+                 "oci")
 
     def __init__(self, spec):
         self.spec = spec
@@ -109,6 +111,7 @@ class LaunchPlan:
         # init attaches the root over (image/squash.py).
         self.squash = None
         self.squash_pid = None
+        self.oci = None
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).

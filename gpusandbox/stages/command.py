@@ -57,7 +57,9 @@ def run(plan, err_w, wdfd, tty_slave):
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.
         caps.drop_bounding(plan.caps)
-        if plan.clear_groups:
+        if plan.oci is not None and plan.oci.groups is not None:
+            os.setgroups(plan.oci.groups)
+        elif plan.clear_groups:
             os.setgroups([])
         os.setresgid(plan.cmd_gid, plan.cmd_gid, plan.cmd_gid)
         os.setresuid(plan.cmd_uid, plan.cmd_uid, plan.cmd_uid)
@@ -69,6 +71,10 @@ def run(plan, err_w, wdfd, tty_slave):
         for fd in plan.keep_fds:  # srun's PMI_FD: the job's own channel to slurmstepd
             os.set_inheritable(fd, True)
         pause_point(plan, "before-exec")
+        if plan.oci is not None:
+            step = "applying the OCI process settings"
+            from . import ocisetup
+            ocisetup.before_exec(plan)
         path = _lookup(plan.argv[0], plan.env.get("PATH"))
         if path is None:
             fail(err_w, 127, f"command not found in the image: {plan.argv[0]}", None,
