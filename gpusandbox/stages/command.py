@@ -5,6 +5,7 @@ import os
 
 from ..linux import caps
 from ..linux import sys as k
+from . import ocisetup
 from .channel import fail, pause_point
 
 _TIOCSCTTY = 0x540E
@@ -73,7 +74,6 @@ def run(plan, err_w, wdfd, tty_slave):
         pause_point(plan, "before-exec")
         if plan.oci is not None:
             step = "applying the OCI process settings"
-            from . import ocisetup
             ocisetup.before_exec(plan)
         path = _lookup(plan.argv[0], plan.env.get("PATH"))
         if path is None:

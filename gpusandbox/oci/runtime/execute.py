@@ -17,6 +17,8 @@ from ...linux import sys as k
 from ...plan import LaunchPlan
 from ...spec import RunSpec
 from ...stages import channel, command
+# Imported before setns(2): the image's tree is the process's root afterwards.
+from ...stages.init import _open_pty
 from .. import config as ociconfig
 from . import state
 
@@ -184,7 +186,6 @@ def _join(st, plan, nsfds, pid_w, err_w, console):
         slave = None
         if sock is not None:
             step = "allocating the terminal"
-            from ...stages.init import _open_pty
             slave = _open_pty(sock)
         k.prctl(4, 0)      # not dumpable until the execve (CVE-2019-5736 class)
         command.run(plan, err_w, wdfd, slave)
