@@ -336,15 +336,23 @@ def apply(plan, x, over):
     if over["idmaps"] is not None:
         plan.cmd_uid, plan.cmd_gid = over["uid"], over["gid"]
         uids, gids = over["idmaps"]
-        plan.idmap = ("full", uids, gids)
-        plan.userns = "subids"
-        plan.clear_groups = True
+        if not plan.real_root and len(uids) == len(gids) == 1 and uids[0][1:] == \
+                (os.geteuid(), 1) and gids[0][1:] == (os.getegid(), 1):
+            # The caller's own ids only: maps the init writes for itself, as
+            # `run` does rootless (no newuidmap round trip).
+            plan.idmap = ("single", uids[0][0], uids[0][1], gids[0][0], gids[0][1])
+            plan.userns = "single"
+        else:
+            plan.idmap = ("full", uids, gids)
+            plan.userns = "subids"
+            plan.clear_groups = True
     plan.env = dict(plan.env)
     if over["dev_rules"]:
         plan.device_rules = list(plan.device_rules or []) + over["dev_rules"]
     plan.keep_fds = over["keep_fds"]
-    plan.hostname = plan.spec.hostname or os.uname().nodename if plan.spec.hostname is None \
-        else plan.spec.hostname
+    # No hostname in the config: the new UTS namespace keeps the host's name,
+    # as runc leaves it.
+    plan.hostname = plan.spec.hostname or os.uname().nodename
     if over["seccomp"]:
         from ..linux import seccomp
         plan.seccomp = seccomp.compile_bytes(json.dumps(over["seccomp"]).encode(),
