@@ -239,6 +239,47 @@ def _resources(spec, linux):
     return rules
 
 
+def _settings_file(host_env):
+    """$GPUSANDBOX_OCI_CONFIG, else /etc/gpusandbox/oci.conf for root or
+    ~/.config/gpusandbox/oci.conf for a user (podman passes the runtime no
+    variable of its own caller, but HOME rootless)."""
+    if host_env.get("GPUSANDBOX_OCI_CONFIG"):
+        return host_env["GPUSANDBOX_OCI_CONFIG"]
+    if os.geteuid() == 0 and not host_env.get("_CONTAINERS_ROOTLESS_UID"):
+        return "/etc/gpusandbox/oci.conf"
+    home = host_env.get("HOME")
+    return os.path.join(home, ".config/gpusandbox/oci.conf") if home else None
+
+
+def driver_settings(host_env):
+    """(driver root, dev root) for GPU injection: GPUSANDBOX_DRIVER_ROOT and
+    GPUSANDBOX_DEV_ROOT of the caller, else driver_root= and dev_root= lines
+    of the settings file (owned by the caller or root, writable by no one
+    else), else the host's own driver."""
+    vals = {"driver_root": host_env.get("GPUSANDBOX_DRIVER_ROOT"),
+            "dev_root": host_env.get("GPUSANDBOX_DEV_ROOT")}
+    path = _settings_file(host_env)
+    if not vals["driver_root"] and path:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                st = os.fstat(fd)
+                if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                    raise UsageError(f"OCI runtime settings {path}",
+                                     "owned by another user or writable by others")
+                text = os.read(fd, 1 << 16).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+            for line in text.splitlines():
+                key, eq, val = line.strip().partition("=")
+                if eq and key.strip() in vals and not line.lstrip().startswith("#"):
+                    vals[key.strip()] = val.strip()
+    return vals["driver_root"] or None, vals["dev_root"] or None
+
+
 def load(bundle, host_env, fifo=None, preserve_fds=0):
     """RunSpec, OciExtras and the plan overrides of `bundle`: call build()
     with them.  Raises UsageError naming the field."""
@@ -281,12 +322,12 @@ def load(bundle, host_env, fifo=None, preserve_fds=0):
         spec.user = (uid, gid)
     spec.net = "none" if flags & NS_FLAGS["network"] else "host"
     dev_rules = _resources(spec, linux)
-    plan_env = {k: v for k, v in host_env.items()
-                if k in ("GPUSANDBOX_DRIVER_ROOT", "GPUSANDBOX_DEV_ROOT")}
+    # The plan sees no variable of the caller's: GPU selection reads only the
+    # config's NVIDIA_VISIBLE_DEVICES; the driver root is the caller's choice.
+    plan_env = {}
     if dict(env).get("NVIDIA_VISIBLE_DEVICES"):
         plan_env["NVIDIA_VISIBLE_DEVICES"] = dict(env)["NVIDIA_VISIBLE_DEVICES"]
-        spec.driver_root = plan_env.get("GPUSANDBOX_DRIVER_ROOT")
-        spec.dev_root = plan_env.get("GPUSANDBOX_DEV_ROOT")
+        spec.driver_root, spec.dev_root = driver_settings(host_env)
     x = OciExtras()
     x.mounts = [m for m in (_mount(i, e, bundle) for i, e in
                             enumerate(_get(conf, "mounts", list, "mounts", []))) if m]

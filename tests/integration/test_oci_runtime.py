@@ -112,3 +112,25 @@ def test_errors_for_callers(cli, oci_dirs, rootfs, test_user):
     assert r.returncode == 1 and 'container "nosuch" does not exist' in r.stderr
     r = subprocess.run(rt + ["delete", "--force", "nosuch"], capture_output=True, text=True)
     assert r.returncode == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_selected_by_process_env(mode, oci_dirs, rootfs, test_user, sim_host):
+    """NVIDIA_VISIBLE_DEVICES in process.env selects the GPU, injected by
+    the code `run` uses, from the driver root the caller's environment names
+    (never the config)."""
+    script = "nvidia-smi -L | wc -l; ls /dev | grep -c '^nvidia[0-9]'"
+    conf = _config(rootfs, ["sh", "-c", script + " > /dev/stderr"], mode, test_user)
+    conf["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=2")
+    (oci_dirs / "bundle" / "config.json").write_text(json.dumps(conf))
+    out_file = oci_dirs / "root" / "out"
+    env = {"PATH": "/usr/bin:/bin", "GPUSANDBOX_DRIVER_ROOT": sim_host.root}
+    with open(out_file, "w") as out:
+        r = subprocess.run(_as(mode, test_user, ["/usr/bin/python3", str(HERE / "oci_caller.py"),
+                                                 OCI, str(oci_dirs / "root" / "s"),
+                                                 str(oci_dirs / "bundle"), "g1"], env),
+                           stdout=subprocess.PIPE, stderr=out, text=True, timeout=60,
+                           env={**os.environ, **env})
+    res = json.loads(r.stdout)
+    assert res["create"] == [0, ""] and res["exit"] == 0, res
+    assert out_file.read_text().split() == ["1", "1"]
