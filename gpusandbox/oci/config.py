@@ -59,9 +59,10 @@ def _bad(path, why, hint=None):
     return UsageError(f"OCI config {path}", why, hint)
 
 
-def read(bundle):
-    """The bundle's config.json as a dict (size-bounded, a regular file)."""
-    path = os.path.join(bundle, "config.json")
+def read(bundle, path=None):
+    """The bundle's config.json (or `path`) as a dict (size-bounded, a
+    regular file)."""
+    path = path or os.path.join(bundle, "config.json")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
@@ -280,11 +281,11 @@ def driver_settings(host_env):
     return vals["driver_root"] or None, vals["dev_root"] or None
 
 
-def load(bundle, host_env, fifo=None, preserve_fds=0):
+def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     """RunSpec, OciExtras and the plan overrides of `bundle`: call build()
     with them.  Raises UsageError naming the field."""
     bundle = os.path.abspath(bundle)
-    conf = read(bundle)
+    conf = read(bundle, config_path)
     ver = _get(conf, "ociVersion", str, "ociVersion", "")
     if not ver.startswith("1."):
         raise _bad("ociVersion", f"{ver!r} is not a 1.x version")

@@ -140,9 +140,17 @@ def main(argv=None):
 
 def _dispatch(cmd, rest, root, log):
     from . import ops
+    if "--help" in rest or "-h" in rest:
+        sys.stdout.write(USAGE)
+        return 0
+    if cmd == "spec":
+        opts, _ = _split(rest, {"--bundle", "-b"}, {"--rootless"})
+        from .specgen import write_spec
+        return write_spec(_one(opts, "--bundle") or _one(opts, "-b") or ".",
+                          _truthy(opts, "--rootless"))
     if cmd in ("create", "run"):
         opts, pos = _split(rest, {"--bundle", "-b", "--pid-file", "--console-socket",
-                                  "--preserve-fds", "--pidfd-socket"},
+                                  "--preserve-fds", "--pidfd-socket", "--config", "-f"},
                            {"--no-pivot", "--no-new-keyring", "--detach", "-d",
                             "--no-subreaper", "--keep"})
         cid = _id(pos, cmd)
@@ -152,8 +160,11 @@ def _dispatch(cmd, rest, root, log):
         except ValueError:
             raise SandboxError("--preserve-fds needs a number") from None
         from .create import create
+        # crun's --config FILE: the config read instead of BUNDLE/config.json
+        # (relative paths from the current directory, as crun does).
+        conf = _one(opts, "--config") or _one(opts, "-f")
         create(root, cid, bundle, _one(opts, "--pid-file"), _one(opts, "--console-socket"),
-               nfds, log)
+               nfds, log, conf and os.path.abspath(conf))
         if cmd == "create":
             return 0
         ops.start(root, cid, log)

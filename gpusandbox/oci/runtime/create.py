@@ -82,7 +82,8 @@ def _wait_ready(err_r):
     raise SandboxError(what, why, hint, code)
 
 
-def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=None):
+def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=None,
+           config_path=None):
     import _signal
     d = state.container_dir(root, cid)
     os.makedirs(root, 0o700, exist_ok=True)
@@ -97,7 +98,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
     try:
         os.mkfifo(fifo, 0o622)
         os.chmod(fifo, 0o622)
-        conf, spec, x, over = ociconfig.load(bundle, os.environ, fifo, preserve_fds)
+        conf, spec, x, over = ociconfig.load(bundle, os.environ, fifo, preserve_fds,
+                                                config_path)
         if x.terminal and not console:
             raise SandboxError("process.terminal is set but no --console-socket was given")
         spec.best_effort = True
