@@ -52,7 +52,9 @@ class Mount:
 class OciExtras:
     """What the stages do for an OCI launch beyond a RunSpec (plan.oci)."""
     __slots__ = ("mounts", "masked", "readonly", "sysctl", "rlimits", "groups", "umask",
-                 "fifo", "oom_score_adj", "hooks", "annotations", "ns_join", "terminal")
+                 "fifo", "oom_score_adj", "hooks", "annotations", "ns_join", "terminal",
+                 # (bounding, effective, permitted, inheritable, ambient) numbers
+                 "caps")
 
 
 def _bad(path, why, hint=None):
@@ -107,6 +109,13 @@ def _caps(names, where):
             raise _bad(where, f"unknown capability {n}")
         out.append(CAPS.index(short))
     return tuple(sorted(set(out)))
+
+
+def cap_sets(capset):
+    """(bounding, effective, permitted, inheritable, ambient) of an OCI
+    process.capabilities object, as capability numbers."""
+    return tuple(_caps(capset.get(name) or [], f"process.capabilities.{name}")
+                 for name in ("bounding", "effective", "permitted", "inheritable", "ambient"))
 
 
 def _mount(i, ent, bundle):
@@ -356,12 +365,8 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     x.annotations = _get(conf, "annotations", dict, "annotations", {})
     x.ns_join = join
     x.terminal = spec.tty
-    capset = _get(proc, "capabilities", dict, "process", {})
-    caps = _caps(capset.get("effective") or capset.get("permitted") or [],
-                 "process.capabilities")
-    if caps and uid != 0:
-        raise _bad("process.capabilities", "capabilities for a non-root process.user are not "
-                   "supported", "give the capabilities to uid 0 or drop them")
+    x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
+    caps = x.caps[1]
     seccomp = _get(linux, "seccomp", dict, "linux")
     over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,
             "idmaps": _idmaps(linux) if userns else None, "seccomp": seccomp,

@@ -57,14 +57,19 @@ def run(plan, err_w, wdfd, tty_slave):
         os.close(wdfd)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.
-        caps.drop_bounding(plan.caps)
+        caps.drop_bounding(plan.caps if plan.oci is None else plan.oci.caps[0])
+        if plan.oci is not None:
+            k.prctl(8, 1)   # PR_SET_KEEPCAPS: a config may give a non-root user capabilities
         if plan.oci is not None and plan.oci.groups is not None:
             os.setgroups(plan.oci.groups)
         elif plan.clear_groups:
             os.setgroups([])
         os.setresgid(plan.cmd_gid, plan.cmd_gid, plan.cmd_gid)
         os.setresuid(plan.cmd_uid, plan.cmd_uid, plan.cmd_uid)
-        caps.set_caps(plan.caps)
+        if plan.oci is None:
+            caps.set_caps(plan.caps)
+        else:
+            caps.set_cap_sets(*plan.oci.caps[1:])
         k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
         # Every fd but stdio (and the error pipe, already CLOEXEC) is closed by
         # the execve: no host directory fd survives into the image (CVE-2024-21626).

@@ -73,12 +73,11 @@ def _plan(st, proc):
     user = proc.get("user") or base.get("user") or {}
     plan.cmd_uid, plan.cmd_gid = int(user.get("uid", 0)), int(user.get("gid", 0))
     caps = (proc.get("capabilities") or base.get("capabilities") or {})
-    plan.caps = ociconfig._caps(caps.get("effective") or caps.get("permitted") or [], "caps")
-    if plan.cmd_uid != 0:
-        plan.caps = ()
     plan.clear_groups = True
     plan.keep_fds = ()
     x = ociconfig.OciExtras()
+    x.caps = ociconfig.cap_sets(caps if isinstance(caps, dict) else {})
+    plan.caps = x.caps[1]
     groups = user.get("additionalGids")
     x.groups = [g for g in groups if isinstance(g, int)] if isinstance(groups, list) else None
     x.umask = user.get("umask") if isinstance(user.get("umask"), int) else None
