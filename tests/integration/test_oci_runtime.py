@@ -70,7 +70,7 @@ def test_lifecycle_with_a_caller_as_subreaper(mode, oci_dirs, rootfs, test_user)
     script = ("echo $GREETING $(hostname) $(id -u); grep -c ' /dev/mqueue mqueue ' /proc/mounts; "
               "grep ' /scratch ' /proc/mounts | grep -c 'size=1024k'; "
               "test -s /proc/kcore || echo masked; touch /x 2>/dev/null || echo ro-root; exit 3")
-    conf = _config(rootfs, ["sh", "-c", script + " > /dev/stderr"], mode, test_user)
+    conf = _config(rootfs, ["sh", "-c", script], mode, test_user)
     (oci_dirs / "bundle" / "config.json").write_text(json.dumps(conf))
     out_file = oci_dirs / "root" / "out"
     with open(out_file, "w") as out:
@@ -120,7 +120,7 @@ def test_gpu_selected_by_process_env(mode, oci_dirs, rootfs, test_user, sim_host
     the code `run` uses, from the driver root the caller's environment names
     (never the config)."""
     script = "nvidia-smi -L | wc -l; ls /dev | grep -c '^nvidia[0-9]'"
-    conf = _config(rootfs, ["sh", "-c", script + " > /dev/stderr"], mode, test_user)
+    conf = _config(rootfs, ["sh", "-c", script], mode, test_user)
     conf["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=2")
     (oci_dirs / "bundle" / "config.json").write_text(json.dumps(conf))
     out_file = oci_dirs / "root" / "out"
