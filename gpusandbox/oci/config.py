@@ -161,7 +161,8 @@ def _mount(i, ent, bundle):
         raise _bad(where, f"{typ} at {dst} is not supported",
                    "the container gets its own /proc and /sys")
     m.kind, m.source, m.fstype, m.recursive, m.target_kind = "fs", None, typ, False, "dir"
-    m.data = tuple(o for o in opts if o not in FLAG_OPTS)
+    src = _get(ent, "source", str, where) or typ
+    m.data = (f"source={src}",) + tuple(o for o in opts if o not in FLAG_OPTS)
     return m
 
 

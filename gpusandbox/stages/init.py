@@ -147,7 +147,8 @@ def _rootfs(plan):
 
 def _system_mounts(plan, rootfd, src):
     tgt = m.open_target
-    m.attach(m.new_fs("proc", (), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC),
+    # Each fresh filesystem names its type as its source (mountinfo), as runc's do.
+    m.attach(m.new_fs("proc", ("source=proc",), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/proc", strict=True), "mounting /proc")
     sysfd = src.pop("sys")
     m.restrict(sysfd, ro=True, noexec=True)
@@ -162,12 +163,13 @@ def _system_mounts(plan, rootfd, src):
         m.attach(empty, target, f"covering {path}")
     if plan.own_cgroup:
         _cgroup_view(rootfd)
-    m.attach(m.new_fs("tmpfs", ("mode=0755", "size=4m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
+    m.attach(m.new_fs("tmpfs", ("source=tmpfs", "mode=0755", "size=4m"),
+                      k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/dev", strict=True), "mounting /dev")
     for name in STD_DEVICES:
         m.attach(src.pop("dev:" + name), tgt(rootfd, "/dev/" + name, "file", strict=True),
                  f"binding /dev/{name}")
-    pts = ["newinstance", "ptmxmode=0666", "mode=0620"]
+    pts = ["source=devpts", "newinstance", "ptmxmode=0666", "mode=0620"]
     if plan.devpts_gid is not None:
         pts.append(f"gid={plan.devpts_gid}")
     m.attach(m.new_fs("devpts", pts, k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
