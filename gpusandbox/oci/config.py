@@ -377,7 +377,6 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
 
 def apply(plan, x, over):
     """The plan fields an OCI config sets beyond what the RunSpec says."""
-    from ..linux import sys as k
     plan.oci = x
     plan.clone_flags = over["flags"]
     plan.caps = over["caps"]
@@ -408,4 +407,3 @@ def apply(plan, x, over):
     points = [(mt.destination, mt.target_kind) for mt in x.mounts]
     from ..plan import OWN_FS
     plan.points += [(p, kd) for p, kd in points if not p.startswith(OWN_FS) and p != "/"]
-    del k

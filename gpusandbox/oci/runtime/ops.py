@@ -7,8 +7,9 @@ import select
 import sys
 
 from ...errors import SandboxError
-from ...linux import sys as k
-from . import hooks, state
+from . import state
+# linux.sys (ctypes) and hooks (subprocess) are imported where used: `state`,
+# which podman calls all the time, needs neither.
 
 SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "ILL": 4, "TRAP": 5, "ABRT": 6, "IOT": 6, "BUS": 7,
            "FPE": 8, "KILL": 9, "USR1": 10, "SEGV": 11, "USR2": 12, "PIPE": 13, "ALRM": 14,
@@ -37,6 +38,7 @@ def parse_signal(text):
 
 def _pidfd(st):
     """A pidfd of the init, only if it is still the recorded process."""
+    from ...linux import sys as k
     if not state.alive(st):
         return None
     try:
@@ -50,6 +52,8 @@ def _pidfd(st):
 
 
 def start(root, cid, log):
+    from ...linux import sys as k
+    from . import hooks
     st = state.load(root, cid)
     s = state.status(st)
     if s != "created":
@@ -89,6 +93,8 @@ def state_cmd(root, cid):
 
 
 def kill(root, cid, sig, all_=False):
+    from ...linux import sys as k
+    from . import hooks
     st = state.load(root, cid)
     signo = parse_signal(sig)
     pfd = _pidfd(st)
@@ -120,6 +126,8 @@ def _cgroup_pids(leaf):
 
 
 def delete(root, cid, force, log):
+    from ...linux import sys as k
+    from . import hooks
     try:
         st = state.load(root, cid)
     except state.NotFound:

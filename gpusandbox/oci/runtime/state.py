@@ -12,11 +12,10 @@ The container's init is named by its pid and its start time (field 22 of
 """
 import json
 import os
-import re
 
 from ...errors import SandboxError
 
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,1023}$")
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
 
 
 class NotFound(SandboxError):
@@ -52,7 +51,8 @@ def default_root():
 
 
 def check_id(cid):
-    if not ID_RE.match(cid or ""):
+    if not cid or len(cid) > 1024 or not cid[0].isascii() or not cid[0].isalnum() \
+            or not set(cid) <= _ID_CHARS:
         raise SandboxError(f"invalid container id {cid!r}", None,
                            "ids are letters, digits and _ . + - (not starting with one of those)")
     return cid
