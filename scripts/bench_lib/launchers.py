@@ -69,6 +69,11 @@ def bwrap(exe, mode, image, binds):
             "--new-session", "--ro-bind", image, "/", "--proc", "/proc",
             "--dev", "/dev", "--ro-bind", "/sys", "/sys",
             "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    if runtime:
+        # Only crun implements podman's --cgroups disabled (podman refuses
+        # it for other runtimes): these rows keep podman's cgroup default.
+        i = base.index("--cgroups")
+        del base[i:i + 2]
     for mask in proc_masks(binds):
         base += ["--tmpfs", mask]
     for src, dst, kind in binds:
