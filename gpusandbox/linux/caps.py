@@ -116,4 +116,8 @@ def set_cap_sets(effective, permitted, inheritable, ambient=()):
     k.syscall("capset", ctypes.byref(hdr), data)
     k.prctl(k.PR_CAP_AMBIENT, k.PR_CAP_AMBIENT_CLEAR_ALL)
     for cap in ambient:
-        k.prctl(k.PR_CAP_AMBIENT, 2, cap)   # PR_CAP_AMBIENT_RAISE
+        # The kernel raises only what is permitted and inheritable; runc's
+        # own `spec` lists ambient capabilities it leaves out of inheritable,
+        # and runc skips those too.
+        if cap in permitted and cap in inheritable:
+            k.prctl(k.PR_CAP_AMBIENT, 2, cap)   # PR_CAP_AMBIENT_RAISE

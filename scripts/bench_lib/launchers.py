@@ -69,11 +69,6 @@ def bwrap(exe, mode, image, binds):
             "--new-session", "--ro-bind", image, "/", "--proc", "/proc",
             "--dev", "/dev", "--ro-bind", "/sys", "/sys",
             "--tmpfs", "/tmp", "--tmpfs", "/run"]
-    if runtime:
-        # Only crun implements podman's --cgroups disabled (podman refuses
-        # it for other runtimes): these rows keep podman's cgroup default.
-        i = base.index("--cgroups")
-        del base[i:i + 2]
     for mask in proc_masks(binds):
         base += ["--tmpfs", mask]
     for src, dst, kind in binds:
@@ -200,6 +195,11 @@ def podman(exe, mode, image, binds, store, view, note=None, runtime=None):
             # podman's default nofile and nproc limits are above many hosts'
             # hard limits, and crun then fails in setrlimit.
             "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+    if runtime:
+        # Only crun implements podman's --cgroups disabled (podman refuses
+        # it for other runtimes): these rows keep podman's cgroup default.
+        i = base.index("--cgroups")
+        del base[i:i + 2]
     for mask in proc_masks(binds):
         base += ["--mount", f"type=tmpfs,destination={mask}"]
     for src, dst, _kind in binds:

@@ -52,7 +52,6 @@ def _pidfd(st):
 
 
 def start(root, cid, log):
-    from ...linux import sys as k
     from . import hooks
     st = state.load(root, cid)
     s = state.status(st)
@@ -61,11 +60,13 @@ def start(root, cid, log):
                            else f"cannot start a container that has {s}"
                            if s == "stopped" else f"cannot start a {s} container")
     fifo = os.path.join(st["_dir"], "exec.fifo")
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    # The pidfd first: once the fifo is open the workload may start and end
+    # before this process looks, and its init's pid must still be ours then.
     pfd = _pidfd(st)
+    if pfd is None:
+        raise SandboxError("cannot start a container that has stopped")
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        if pfd is None:
-            raise SandboxError("cannot start a container that has stopped")
         while True:
             ready, _, _ = select.select([fd, pfd], [], [])
             if fd in ready:
@@ -74,13 +75,12 @@ def start(root, cid, log):
                         break
                 except BlockingIOError:
                     pass
-            elif pfd in ready:
+            if pfd in ready:
                 raise SandboxError("cannot start a container that has stopped",
                                    "its init exited before start")
     finally:
         os.close(fd)
-        if pfd is not None:
-            os.close(pfd)
+        os.close(pfd)
     os.unlink(fifo)
     hooks.run(st.get("hooks"), ("poststart",), state.public(st), log)
     return 0
