@@ -115,8 +115,17 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
             limits = cgroup.Limits(memory=spec.memory, memory_swap=spec.memory_swap,
                                    pids=spec.pids_limit, cpus=spec.cpus)
-        cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules, best_effort=True,
-                            name_prefix="gpusandbox-oci", detached=True)
+        try:
+            cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
+                                best_effort=True, name_prefix="gpusandbox-oci", detached=True)
+        except SandboxError as e:
+            if state.host_uid() == 0:
+                raise
+            # Rootless, a caller whose cgroup is not in the cgroup2 tree (podman's
+            # pause process on a hybrid host) gets no leaf, as rootless `run`
+            # outside a delegated subtree: nothing to attach a filter to anyway.
+            log.warn(f"no cgroup for the container: {e.line()}")
+            cg = cgroup.CgroupHandle()
         for w in cg.warnings:
             log.warn(w)
         plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
