@@ -54,7 +54,7 @@ class OciExtras:
     __slots__ = ("mounts", "masked", "readonly", "sysctl", "rlimits", "groups", "umask",
                  "fifo", "oom_score_adj", "hooks", "annotations", "ns_join", "terminal",
                  # (bounding, effective, permitted, inheritable, ambient) numbers
-                 "caps")
+                 "caps", "nnp")
 
 
 def _bad(path, why, hint=None):
@@ -367,6 +367,7 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     x.ns_join = join
     x.terminal = spec.tty
     x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
+    x.nnp = _get(proc, "noNewPrivileges", bool, "process", False)
     caps = x.caps[1]
     seccomp = _get(linux, "seccomp", dict, "linux")
     over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,

@@ -55,6 +55,7 @@ def run(plan, err_w, wdfd, tty_slave):
         step = f"entering the working directory {plan.workdir}"
         os.fchdir(wdfd)
         os.close(wdfd)
+        early = plan.oci is not None and ocisetup.seccomp_early(plan)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.
         caps.drop_bounding(plan.caps if plan.oci is None else plan.oci.caps[0])
@@ -70,7 +71,8 @@ def run(plan, err_w, wdfd, tty_slave):
             caps.set_caps(plan.caps)
         else:
             caps.set_cap_sets(*plan.oci.caps[1:])
-        k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
+        if plan.oci is None or plan.oci.nnp:
+            k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
         # Every fd but stdio (and the error pipe, already CLOEXEC) is closed by
         # the execve: no host directory fd survives into the image (CVE-2024-21626).
         k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
@@ -85,7 +87,7 @@ def run(plan, err_w, wdfd, tty_slave):
             fail(err_w, 127, f"command not found in the image: {plan.argv[0]}", None,
                  "check the image's PATH (-e PATH=...) or give the full path")
         # Last: after seccomp only the syscalls the profile allows remain.
-        if plan.seccomp is not None:
+        if plan.seccomp is not None and not early:
             step = "installing the seccomp filter"
             from ..linux import seccomp
             seccomp.install(plan.seccomp)

@@ -78,3 +78,16 @@ def before_exec(plan):
     """Process settings that apply to the command only."""
     if plan.oci.umask is not None:
         os.umask(plan.oci.umask)
+
+
+def seccomp_early(plan):
+    """An OCI config with noNewPrivileges false and a seccomp filter: the
+    filter goes in before the capabilities are dropped, since without
+    no_new_privs the kernel installs one only for CAP_SYS_ADMIN
+    (seccomp(2)); the rest of the command stage then runs under it, as
+    runc's does.  Returns whether it was installed here."""
+    if plan.oci.nnp or plan.seccomp is None:
+        return False
+    from ..linux import seccomp
+    seccomp.install(plan.seccomp)
+    return True

@@ -55,7 +55,7 @@ def _parse(rest):
     return cid, proc, opts
 
 
-def _plan(st, proc):
+def _plan(st, proc, rest_flags=()):
     """A LaunchPlan holding what the command stage reads, from the exec's
     process object over the container's config."""
     conf = ociconfig.read(st["bundle"])
@@ -77,6 +77,8 @@ def _plan(st, proc):
     plan.keep_fds = ()
     x = ociconfig.OciExtras()
     x.caps = ociconfig.cap_sets(caps if isinstance(caps, dict) else {})
+    nnp = proc.get("noNewPrivileges", base.get("noNewPrivileges", False))
+    x.nnp = nnp is True or bool(rest_flags)
     plan.caps = x.caps[1]
     groups = user.get("additionalGids")
     x.groups = [g for g in groups if isinstance(g, int)] if isinstance(groups, list) else None
@@ -95,7 +97,7 @@ def main_exec(root, rest, log):
     st = state.load(root, cid)
     if state.status(st) not in ("running", "created"):
         raise SandboxError("container not running")
-    plan = _plan(st, proc)
+    plan = _plan(st, proc, [a for a in rest if a.startswith("--no-new-privs")])
     detach = _truthy(opts, "--detach") or _truthy(opts, "-d")
     console = _one(opts, "--console-socket")
     tty = bool(proc.get("terminal"))
