@@ -443,6 +443,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
             command.run(plan, err_w, wdfd, tty_slave)
         os.close(err_w)
         os.close(wdfd)
+        if oci_src is not None:
+            ocisetup.release_stdio()
         if tty_slave is not None:
             os.close(tty_slave)
     except OSError as e:

@@ -91,3 +91,13 @@ def seccomp_early(plan):
     from ..linux import seccomp
     seccomp.install(plan.seccomp)
     return True
+
+
+def release_stdio():
+    """The init lets go of the caller's stdio once the workload has it: a
+    workload that closes its stdout must end the caller's read of it (conmon's
+    pipes, `$(... run --detach)`), as with runc, whose init is the workload."""
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
