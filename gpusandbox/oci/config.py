@@ -376,6 +376,18 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     return conf, spec, x, over
 
 
+def _gid_mapped(gid):
+    try:
+        with open("/proc/self/gid_map") as f:
+            for line in f:
+                inside, _, count = (int(v) for v in line.split())
+                if inside <= gid < inside + count:
+                    return True
+    except (OSError, ValueError):
+        return True
+    return False
+
+
 def apply(plan, x, over):
     """The plan fields an OCI config sets beyond what the RunSpec says."""
     plan.oci = x
@@ -395,6 +407,10 @@ def apply(plan, x, over):
             plan.userns = "subids"
             plan.clear_groups = True
     plan.env = dict(plan.env)
+    if plan.devpts_gid is not None and not _gid_mapped(plan.devpts_gid):
+        # Rootless podman whose user has no subordinate gids: the runtime is
+        # root of a namespace mapping one gid, where devpts refuses gid=5.
+        plan.devpts_gid = None
     if over["dev_rules"]:
         plan.device_rules = list(plan.device_rules or []) + over["dev_rules"]
     plan.keep_fds = over["keep_fds"]
