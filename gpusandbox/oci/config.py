@@ -376,6 +376,14 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     return conf, spec, x, over
 
 
+def _setgroups_denied():
+    try:
+        with open("/proc/self/setgroups") as f:
+            return f.read().strip() == "deny"
+    except OSError:
+        return False
+
+
 def _gid_mapped(gid):
     try:
         with open("/proc/self/gid_map") as f:
@@ -407,6 +415,11 @@ def apply(plan, x, over):
             plan.userns = "subids"
             plan.clear_groups = True
     plan.env = dict(plan.env)
+    if _setgroups_denied():
+        # The same namespace may deny setgroups(2) (user_namespaces(7)): the
+        # process keeps the groups it has there, which map to nothing more.
+        plan.clear_groups = False
+        x.groups = None
     if plan.devpts_gid is not None and not _gid_mapped(plan.devpts_gid):
         # Rootless podman whose user has no subordinate gids: the runtime is
         # root of a namespace mapping one gid, where devpts refuses gid=5.
