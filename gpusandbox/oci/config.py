@@ -54,7 +54,7 @@ class OciExtras:
     __slots__ = ("mounts", "masked", "readonly", "sysctl", "rlimits", "groups", "umask",
                  "fifo", "oom_score_adj", "hooks", "annotations", "ns_join", "terminal",
                  # (bounding, effective, permitted, inheritable, ambient) numbers
-                 "caps", "nnp")
+                 "caps", "nnp", "domainname")
 
 
 def _bad(path, why, hint=None):
@@ -368,6 +368,9 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     x.terminal = spec.tty
     x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
     x.nnp = _get(proc, "noNewPrivileges", bool, "process", False)
+    x.domainname = _get(conf, "domainname", str, "domainname") or None
+    if x.domainname and not flags & NS_FLAGS["uts"]:
+        raise _bad("domainname", "needs a new uts namespace")
     caps = x.caps[1]
     seccomp = _get(linux, "seccomp", dict, "linux")
     over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,

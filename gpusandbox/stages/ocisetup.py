@@ -47,6 +47,10 @@ def mounts(plan, rootfd, src):
             fd = m.new_fs(mnt.fstype, mnt.data, _attrs(mnt))
         m.attach(fd, m.open_target(rootfd, mnt.destination, mnt.target_kind),
                  f"mounting {mnt.destination}")
+    if plan.oci.domainname:
+        # The container's own UTS namespace (config.py insists on one).
+        name = plan.oci.domainname.encode()
+        k._check(k.libc.setdomainname(name, len(name)), "setdomainname")
     for key, value in plan.oci.sysctl:
         # The key was checked as dotted words (oci/config.py): no '..' and no '/'.
         path = "proc/sys/" + key.replace(".", "/")

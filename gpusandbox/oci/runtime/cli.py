@@ -119,7 +119,20 @@ def main(argv=None):
             else:
                 raise SandboxError(f"unknown global option {printable(name)}")
             argv = argv[1:]
-        log = Log(gopts.get("--log"), gopts.get("--log-format", "text"))
+        fmt = gopts.get("--log-format", "text")
+        if fmt not in ("text", "json"):
+            raise SandboxError(f"--log-format {printable(fmt)}", "not text or json")
+        path = gopts.get("--log")
+        if path:
+            # Opened once here, as runc does: a log that cannot be written is
+            # an error now, not a lost record later.  crun's "file:" prefix too.
+            path = path[5:] if path.startswith("file:") else path
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                                 0o600))
+            except OSError as e:
+                raise SandboxError(f"--log {printable(path)}", e.strerror) from None
+        log = Log(path, fmt)
         if "-v" in gopts or "--version" in gopts:
             argv = ["version"]
         if "-h" in gopts or "--help" in gopts or not argv:
@@ -170,7 +183,7 @@ def _dispatch(cmd, rest, root, log):
         ops.start(root, cid, log)
         if _truthy(opts, "--detach") or _truthy(opts, "-d"):
             return 0
-        return _wait_and_delete(root, cid, log)
+        return _wait_and_delete(root, cid, log, keep=_truthy(opts, "--keep"))
     if cmd == "start":
         return ops.start(root, _id(rest, cmd), log)
     if cmd == "state":
@@ -205,7 +218,7 @@ def _dispatch(cmd, rest, root, log):
                        "run 'gpusandbox-oci --help' for the list of commands")
 
 
-def _wait_and_delete(root, cid, log):
+def _wait_and_delete(root, cid, log, keep=False):
     """`run` without --detach: the caller waits for the workload's status.
     The init is this process's child until then (create forked it)."""
     from . import ops, state
@@ -215,5 +228,6 @@ def _wait_and_delete(root, cid, log):
         code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
     except ChildProcessError:
         code = 0
-    ops.delete(root, cid, True, log)
+    if not keep:      # --keep (crun's): the stopped container stays for `state`
+        ops.delete(root, cid, True, log)
     return code
