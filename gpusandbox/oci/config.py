@@ -166,6 +166,56 @@ def _mount(i, ent, bundle):
     return m
 
 
+def _host_node(major, minor, path):
+    """A host character device node with these numbers: `path` itself, else
+    one in /dev or a directory right below it."""
+    def match(p):
+        try:
+            st = os.stat(p, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == \
+            (major, minor)
+    if match(path):
+        return path
+    try:
+        top = sorted(os.scandir("/dev"), key=lambda e: e.name)
+    except OSError:
+        return None
+    for e in top:
+        if match(e.path):
+            return e.path
+    for e in top:
+        if e.is_dir(follow_symlinks=False):
+            try:
+                for f in sorted(os.scandir(e.path), key=lambda e: e.name):
+                    if match(f.path):
+                        return f.path
+            except OSError:
+                continue
+    return None
+
+
+def _devices(linux):
+    """linux.devices: each a host node of the same numbers, bind-mounted at
+    its path (nodes are never created: no CAP_MKNOD in any sandbox)."""
+    out = []
+    for i, d in enumerate(_get(linux, "devices", list, "linux", [])):
+        where = f"linux.devices[{i}]"
+        path, typ = _get(d, "path", str, where), _get(d, "type", str, where)
+        major, minor = _get(d, "major", int, where), _get(d, "minor", int, where)
+        if not path or not path.startswith("/") or "\0" in path:
+            raise _bad(where, "path must be absolute")
+        if typ not in ("c", "u") or major is None or minor is None:
+            raise _bad(where, f"{path}: only character devices can be added",
+                       "block devices and fifos are never offered")
+        host = _host_node(major, minor, path)
+        if host is None:
+            raise _bad(where, f"{path}: no host character device {major}:{minor}")
+        out.append((container_path(path), host, major, minor))
+    return out
+
+
 def _namespaces(linux, real_root):
     """(clone flags, [(type, path)] to join, user namespace requested)."""
     flags, join, seen = 0, [], set()
@@ -375,7 +425,8 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     seccomp = _get(linux, "seccomp", dict, "linux")
     over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,
             "idmaps": _idmaps(linux) if userns else None, "seccomp": seccomp,
-            "keep_fds": tuple(range(3, 3 + preserve_fds)), "plan_env": plan_env}
+            "keep_fds": tuple(range(3, 3 + preserve_fds)), "plan_env": plan_env,
+            "devices": _devices(linux)}
     return conf, spec, x, over
 
 
@@ -427,8 +478,13 @@ def apply(plan, x, over):
         # Rootless podman whose user has no subordinate gids: the runtime is
         # root of a namespace mapping one gid, where devpts refuses gid=5.
         plan.devpts_gid = None
-    if over["dev_rules"]:
-        plan.device_rules = list(plan.device_rules or []) + over["dev_rules"]
+    from ..edits import DeviceNode
+    rules = list(over["dev_rules"])
+    for path, host, major, minor in over["devices"]:
+        plan.edits.device_nodes.append(DeviceNode(path, host, major, minor))
+        rules.append(("c", major, minor, "rw"))
+    if rules:
+        plan.device_rules = list(plan.device_rules or []) + rules
     plan.keep_fds = over["keep_fds"]
     # No hostname in the config: the new UTS namespace keeps the host's name,
     # as runc leaves it.

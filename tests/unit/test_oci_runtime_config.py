@@ -62,6 +62,7 @@ def test_translation(tmp_path):
     assert x.sysctl == [("net.ipv4.ping_group_range", "0 0")]
     assert over["dev_rules"] == [("c", 10, 200, "rw")]
     assert over["keep_fds"] == (3, 4)
+    assert over["devices"] == []
 
 
 @pytest.mark.parametrize("path,value,why", [
@@ -79,6 +80,10 @@ def test_translation(tmp_path):
     ("process.capabilities", {"effective": ["CAP_NOPE"]}, "unknown capability"),
     ("hooks", {"startContainer": [{"path": "/bin/true"}]}, "startContainer hooks"),
     ("ociVersion", "0.9", "not a 1.x version"),
+    ("linux.devices", [{"path": "/dev/sda", "type": "b", "major": 8, "minor": 0}],
+     "only character devices"),
+    ("linux.devices", [{"path": "/dev/x", "type": "c", "major": 4095, "minor": 77}],
+     "no host character device 4095:77"),
 ])
 def test_refusals(tmp_path, path, value, why):
     with pytest.raises(UsageError) as e:
