@@ -22,7 +22,7 @@ from ...linux import sys as k
 from ...stages import channel, init, parent
 from ...stages.ocisetup import READY
 from .. import config as ociconfig
-from . import hooks, state
+from . import state
 
 
 def _setns(join):
@@ -177,7 +177,9 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
               "annotations": x.annotations, "cgroup": cg.path, "cgroup_version": cg.version,
               "hooks": x.hooks, "_dir": d}
         state.save(st)
-        hooks.run(x.hooks, ("createRuntime", "prestart"), state.public(st), log)
+        if x.hooks.get("createRuntime") or x.hooks.get("prestart"):
+            from . import hooks     # subprocess: only when there are hooks to run
+            hooks.run(x.hooks, ("createRuntime", "prestart"), state.public(st), log)
         if pid_file:
             tmp = f"{pid_file}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:

@@ -52,7 +52,6 @@ def _pidfd(st):
 
 
 def start(root, cid, log):
-    from . import hooks
     st = state.load(root, cid)
     s = state.status(st)
     if s != "created":
@@ -82,7 +81,9 @@ def start(root, cid, log):
         os.close(fd)
         os.close(pfd)
     os.unlink(fifo)
-    hooks.run(st.get("hooks"), ("poststart",), state.public(st), log)
+    if (st.get("hooks") or {}).get("poststart"):
+        from . import hooks     # subprocess: only when there are hooks to run
+        hooks.run(st.get("hooks"), ("poststart",), state.public(st), log)
     return 0
 
 
@@ -94,7 +95,6 @@ def state_cmd(root, cid):
 
 def kill(root, cid, sig, all_=False):
     from ...linux import sys as k
-    from . import hooks
     st = state.load(root, cid)
     signo = parse_signal(sig)
     pfd = _pidfd(st)
@@ -127,7 +127,6 @@ def _cgroup_pids(leaf):
 
 def delete(root, cid, force, log):
     from ...linux import sys as k
-    from . import hooks
     try:
         st = state.load(root, cid)
     except state.NotFound:
@@ -152,7 +151,9 @@ def delete(root, cid, force, log):
             h.teardown()
             for note in h.notes:
                 log.warn(note)
-    hooks.run(st.get("hooks"), ("poststop",), state.public(st), log, fatal=False)
+    if (st.get("hooks") or {}).get("poststop"):
+        from . import hooks
+        hooks.run(st.get("hooks"), ("poststop",), state.public(st), log, fatal=False)
     d = st["_dir"]
     for name in ("exec.fifo", "state.json"):
         try:
