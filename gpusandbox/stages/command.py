@@ -55,6 +55,13 @@ def run(plan, err_w, wdfd, tty_slave):
         step = f"entering the working directory {plan.workdir}"
         os.fchdir(wdfd)
         os.close(wdfd)
+        # Every fd but stdio (and the error pipe, already CLOEXEC) is closed by
+        # the execve: no host directory fd survives into the image (CVE-2024-21626).
+        # Before any seccomp filter, which may not know close_range.
+        step = "closing inherited descriptors"
+        k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
+        for fd in plan.keep_fds:  # srun's PMI_FD: the job's own channel to slurmstepd
+            os.set_inheritable(fd, True)
         early = plan.oci is not None and ocisetup.seccomp_early(plan)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.
@@ -73,11 +80,6 @@ def run(plan, err_w, wdfd, tty_slave):
             caps.set_cap_sets(*plan.oci.caps[1:])
         if plan.oci is None or plan.oci.nnp:
             k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
-        # Every fd but stdio (and the error pipe, already CLOEXEC) is closed by
-        # the execve: no host directory fd survives into the image (CVE-2024-21626).
-        k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
-        for fd in plan.keep_fds:  # srun's PMI_FD: the job's own channel to slurmstepd
-            os.set_inheritable(fd, True)
         pause_point(plan, "before-exec")
         if plan.oci is not None:
             step = "applying the OCI process settings"

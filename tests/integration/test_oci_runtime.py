@@ -71,6 +71,10 @@ def test_lifecycle_with_a_caller_as_subreaper(mode, oci_dirs, rootfs, test_user)
               "grep ' /scratch ' /proc/mounts | grep -c 'size=1024k'; "
               "test -s /proc/kcore || echo masked; touch /x 2>/dev/null || echo ro-root; exit 3")
     conf = _config(rootfs, ["sh", "-c", script], mode, test_user)
+    hook_file = oci_dirs / "root" / "hooks"
+    conf["hooks"] = {"prestart": [{"path": "/bin/sh", "args": ["sh", "-c", f"cat > {hook_file}"]}],
+                     "poststop": [{"path": "/bin/sh",
+                                   "args": ["sh", "-c", f"printf '\\nstopped\\n' >> {hook_file}"]}]}
     (oci_dirs / "bundle" / "config.json").write_text(json.dumps(conf))
     out_file = oci_dirs / "root" / "out"
     with open(out_file, "w") as out:
@@ -91,6 +95,9 @@ def test_lifecycle_with_a_caller_as_subreaper(mode, oci_dirs, rootfs, test_user)
     assert res["left"] == []
     assert out_file.read_text().split() == ["from-config", "ocitest", "0", "1", "1", "masked",
                                             "ro-root"]
+    # Hooks got the state on stdin: prestart at create, poststop at delete.
+    hook_state, stopped = hook_file.read_text().splitlines()
+    assert json.loads(hook_state)["status"] == "created" and stopped == "stopped"
 
 
 def test_errors_for_callers(cli, oci_dirs, rootfs, test_user):
