@@ -423,6 +423,9 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         raise _bad("domainname", "needs a new uts namespace")
     caps = x.caps[1]
     seccomp = _get(linux, "seccomp", dict, "linux")
+    if seccomp and (seccomp.get("listenerPath") or seccomp.get("flags")):
+        raise _bad("linux.seccomp", "listenerPath and flags are not supported",
+                   "gpusandbox's filter has no user-space notifier and no filter flags")
     over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,
             "idmaps": _idmaps(linux) if userns else None, "seccomp": seccomp,
             "keep_fds": tuple(range(3, 3 + preserve_fds)), "plan_env": plan_env,
