@@ -14,7 +14,6 @@ from .conftest import MODES, VENV
 
 HERE = Path(__file__).resolve().parent
 OCI = str(VENV / "bin" / "gpusandbox-oci")
-IMAGE = "localhost/gsbx-oci-test:1"
 # podman's default nofile/nproc limits exceed this host's hard limits (runc
 # refuses them too): the tests ask for limits any host allows.
 ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]

@@ -14,7 +14,9 @@ import pytest
 from .conftest import MODES, VENV
 
 OCI = str(VENV / "bin" / "gpusandbox-oci")
-IMAGE = "localhost/gsbx-oci-test:1"
+# One name per test process: xdist workers share root's image store, and a
+# worker's `rmi -f` at teardown would remove another's running containers.
+IMAGE = f"localhost/gsbx-oci-test-{os.getpid()}:1"
 # podman's default nofile/nproc limits exceed this host's hard limits (runc
 # refuses them too); rootless podman here has no slirp4netns.
 RUN = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none"]
