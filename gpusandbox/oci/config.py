@@ -214,6 +214,12 @@ def _refuse_unknown(conf, linux, proc):
     for key in ("intelRdt", "personality", "timeOffsets", "memoryPolicy"):
         if linux.get(key):
             raise _bad("linux", f"{key} is not supported")
+    if linux.get("rootfsPropagation") not in (None, "", "private", "rprivate", "slave",
+                                              "rslave"):
+        raise _bad("linux.rootfsPropagation", f"{linux['rootfsPropagation']!r} is not supported",
+                   "the container's mounts are always private (slave of the host's)")
+    if linux.get("mountLabel"):
+        raise _bad("linux", "mountLabel: no LSM support in gpusandbox")
     if proc.get("apparmorProfile") or proc.get("selinuxLabel"):
         raise _bad("process", "apparmorProfile/selinuxLabel: no LSM support in gpusandbox")
     if (proc.get("ioPriority") or proc.get("scheduler") or proc.get("execCPUAffinity")):

@@ -80,6 +80,7 @@ def test_translation(tmp_path):
     ("process.capabilities", {"effective": ["CAP_NOPE"]}, "unknown capability"),
     ("hooks", {"startContainer": [{"path": "/bin/true"}]}, "startContainer hooks"),
     ("ociVersion", "0.9", "not a 1.x version"),
+    ("linux.rootfsPropagation", "shared", "'shared' is not supported"),
     ("linux.seccomp", {"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/x"},
      "listenerPath and flags"),
     ("linux.devices", [{"path": "/dev/sda", "type": "b", "major": 8, "minor": 0}],
