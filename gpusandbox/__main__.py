@@ -27,6 +27,7 @@ commands:
   runtime configure --runtime ENGINE          register gpusandbox-runtime with podman/docker/containerd
   mps up|down|status [--gpus SEL] [--exclusive]  the caller's MPS daemons (docs/sharing.md)
   slurm-oci run|state|kill|delete BUNDLE      the runtime of Slurm's oci.conf (srun --container)
+  oci [--root DIR] COMMAND ...                the OCI runtime command line (runc's; docs/oci.md)
   version                                     print the version
 """
 
@@ -80,6 +81,9 @@ def main(argv=None):
         return _report_cmd("gpusandbox.hpc.slurmoci", "main", rest)
     if cmd in ("pull", "images", "rmi", "prune", "inspect"):
         return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
+    if cmd == "oci":
+        from .oci.runtime.cli import main as oci_main
+        return oci_main(rest)
     if cmd in ("version", "--version"):
         from . import __version__
         sys.stdout.write(f"gpusandbox {__version__}\n")

@@ -92,7 +92,9 @@ class LaunchPlan:
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
-                 "own_cgroup", "squash", "squash_pid", "forced_env", "pod")
+                 "own_cgroup", "squash", "squash_pid", "forced_env", "pod",
+                 # an OCI runtime launch (oci/config.py OciExtras), else None
+                 "oci")
 
     def __init__(self, spec):
         self.spec = spec
@@ -113,6 +115,7 @@ class LaunchPlan:
         self.forced_env = None
         # Pod mode: an hpc.pod.Pod; the rank joins the pod's namespaces.
         self.pod = None
+        self.oci = None
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).

@@ -98,3 +98,26 @@ def set_caps(keep):
                        _Data(mask >> 32, mask >> 32, 0))
     k.syscall("capset", ctypes.byref(hdr), data)
     k.prctl(k.PR_CAP_AMBIENT, k.PR_CAP_AMBIENT_CLEAR_ALL)
+
+
+def set_cap_sets(effective, permitted, inheritable, ambient=()):
+    """Each set as given (an OCI config's process.capabilities), then the
+    ambient capabilities raised one by one (each must be permitted and
+    inheritable, prctl(2) PR_CAP_AMBIENT_RAISE)."""
+    def mask(caps):
+        m = 0
+        for cap in caps:
+            m |= 1 << cap
+        return m
+    e, p, i = mask(effective), mask(permitted), mask(inheritable)
+    hdr = _Hdr(0x20080522, 0)
+    data = (_Data * 2)(_Data(e & 0xFFFFFFFF, p & 0xFFFFFFFF, i & 0xFFFFFFFF),
+                       _Data(e >> 32, p >> 32, i >> 32))
+    k.syscall("capset", ctypes.byref(hdr), data)
+    k.prctl(k.PR_CAP_AMBIENT, k.PR_CAP_AMBIENT_CLEAR_ALL)
+    for cap in ambient:
+        # The kernel raises only what is permitted and inheritable; runc's
+        # own `spec` lists ambient capabilities it leaves out of inheritable,
+        # and runc skips those too.
+        if cap in permitted and cap in inheritable:
+            k.prctl(k.PR_CAP_AMBIENT, 2, cap)   # PR_CAP_AMBIENT_RAISE

@@ -196,11 +196,13 @@ def _kill_pid(pid):
 
 # --- prepare ---------------------------------------------------------------------
 def prepare(parent=None, limits=None, device_rules=None, best_effort=False,
-            name_prefix="gpusandbox", verbose=None, *, proc="/proc"):
+            name_prefix="gpusandbox", verbose=None, *, proc="/proc", detached=False):
     """Create the sandbox's cgroup; see the module docstring.  Raises
     UsageError (bad limits or parent) or CgroupError; never leaves a partial
-    setup behind."""
+    setup behind.  detached: the leaf outlives this process (the OCI
+    runtime's `create`, whose `delete` removes it), so no reaper is forked."""
     h = CgroupHandle(verbose)
+    h.detached = detached
     try:
         _prepare(h, parent, limits, device_rules, best_effort, name_prefix, proc)
     except BaseException:
@@ -211,6 +213,8 @@ def prepare(parent=None, limits=None, device_rules=None, best_effort=False,
 
 def _start_reaper(h, leaf, version):
     """Before the leaf exists, so no moment leaves it without a remover."""
+    if getattr(h, "detached", False):
+        return
     from gpusandbox.linux import reaper
     h._reaper, h._reaper_pid = reaper.start(leaf, version)
 

@@ -10,8 +10,16 @@ import os
 SEP = "\x1f"
 
 
+# Set in a detached (OCI) init once its `create` has gone: failures are then
+# written as text to the container's own stderr, where conmon logs them.
+PLAIN = []
+
+
 def fail(err_w, code, what, why, hint=None):
     rec = f"{code}{SEP}{what}{SEP}{why or ''}{SEP}{hint or ''}\n"
+    if PLAIN:
+        from ..errors import SandboxError, message
+        rec = message(SandboxError(what, why, hint))
     try:
         os.write(err_w, rec.encode("utf-8", "replace"))
     except OSError:

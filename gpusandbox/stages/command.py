@@ -5,6 +5,7 @@ import os
 
 from ..linux import caps
 from ..linux import sys as k
+from . import ocisetup
 from .channel import fail, pause_point
 
 _TIOCSCTTY = 0x540E
@@ -54,27 +55,41 @@ def run(plan, err_w, wdfd, tty_slave):
         step = f"entering the working directory {plan.workdir}"
         os.fchdir(wdfd)
         os.close(wdfd)
-        step = "dropping privileges"
-        # The bounding set needs CAP_SETPCAP, which the uid change may take away.
-        caps.drop_bounding(plan.caps)
-        if plan.clear_groups:
-            os.setgroups([])
-        os.setresgid(plan.cmd_gid, plan.cmd_gid, plan.cmd_gid)
-        os.setresuid(plan.cmd_uid, plan.cmd_uid, plan.cmd_uid)
-        caps.set_caps(plan.caps)
-        k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
         # Every fd but stdio (and the error pipe, already CLOEXEC) is closed by
         # the execve: no host directory fd survives into the image (CVE-2024-21626).
+        # Before any seccomp filter, which may not know close_range.
+        step = "closing inherited descriptors"
         k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
         for fd in plan.keep_fds:  # srun's PMI_FD: the job's own channel to slurmstepd
             os.set_inheritable(fd, True)
+        early = plan.oci is not None and ocisetup.seccomp_early(plan)
+        step = "dropping privileges"
+        # The bounding set needs CAP_SETPCAP, which the uid change may take away.
+        caps.drop_bounding(plan.caps if plan.oci is None else plan.oci.caps[0])
+        if plan.oci is not None:
+            k.prctl(8, 1)   # PR_SET_KEEPCAPS: a config may give a non-root user capabilities
+        if plan.oci is not None and plan.oci.groups is not None:
+            os.setgroups(plan.oci.groups)
+        elif plan.clear_groups:
+            os.setgroups([])
+        os.setresgid(plan.cmd_gid, plan.cmd_gid, plan.cmd_gid)
+        os.setresuid(plan.cmd_uid, plan.cmd_uid, plan.cmd_uid)
+        if plan.oci is None:
+            caps.set_caps(plan.caps)
+        else:
+            caps.set_cap_sets(*plan.oci.caps[1:])
+        if plan.oci is None or plan.oci.nnp:
+            k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
         pause_point(plan, "before-exec")
+        if plan.oci is not None:
+            step = "applying the OCI process settings"
+            ocisetup.before_exec(plan)
         path = _lookup(plan.argv[0], plan.env.get("PATH"))
         if path is None:
             fail(err_w, 127, f"command not found in the image: {plan.argv[0]}", None,
                  "check the image's PATH (-e PATH=...) or give the full path")
         # Last: after seccomp only the syscalls the profile allows remain.
-        if plan.seccomp is not None:
+        if plan.seccomp is not None and not early:
             step = "installing the seccomp filter"
             from ..linux import seccomp
             seccomp.install(plan.seccomp)

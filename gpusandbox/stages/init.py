@@ -11,7 +11,7 @@ from ..linux import mounts as m
 from ..linux import net
 from ..linux import sys as k
 from ..plan import MASKED_DIRS, MASKED_FILES, OWN_FS, READONLY_PATHS, STD_DEVICES
-from . import command
+from . import command, ocisetup
 from .channel import fail, pause_point
 
 _SIGCHLD = 17
@@ -151,7 +151,8 @@ def _rootfs(plan):
 
 def _system_mounts(plan, rootfd, src):
     tgt = m.open_target
-    m.attach(m.new_fs("proc", (), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC),
+    # Each fresh filesystem names its type as its source (mountinfo), as runc's do.
+    m.attach(m.new_fs("proc", ("source=proc",), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/proc", strict=True), "mounting /proc")
     sysfd = src.pop("sys")
     m.restrict(sysfd, ro=True, noexec=True)
@@ -166,12 +167,13 @@ def _system_mounts(plan, rootfd, src):
         m.attach(empty, target, f"covering {path}")
     if plan.own_cgroup:
         _cgroup_view(rootfd)
-    m.attach(m.new_fs("tmpfs", ("mode=0755", "size=4m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
+    m.attach(m.new_fs("tmpfs", ("source=tmpfs", "mode=0755", "size=4m"),
+                      k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/dev", strict=True), "mounting /dev")
     for name in STD_DEVICES:
         m.attach(src.pop("dev:" + name), tgt(rootfd, "/dev/" + name, "file", strict=True),
                  f"binding /dev/{name}")
-    pts = ["newinstance", "ptmxmode=0666", "mode=0620"]
+    pts = ["source=devpts", "newinstance", "ptmxmode=0666", "mode=0620"]
     if plan.devpts_gid is not None:
         pts.append(f"gid={plan.devpts_gid}")
     m.attach(m.new_fs("devpts", pts, k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
@@ -285,16 +287,19 @@ def _user_binds(rootfd, binds):
         m.attach(fd, m.open_target(rootfd, b.dst, b.kind), f"binding {b.src} at {b.dst}")
 
 
-def _mask(rootfd):
-    """Hide or freeze the kernel interfaces runc hides by default."""
-    for path in MASKED_FILES:
+def _mask(rootfd, oci=None):
+    """Hide or freeze the kernel interfaces runc hides by default (or those
+    an OCI config lists: each path is tried as a file, then a directory)."""
+    files, dirs, ro = ((MASKED_FILES, MASKED_DIRS, READONLY_PATHS) if oci is None
+                       else (oci.masked, oci.masked, oci.readonly))
+    for path in files:
         try:
             target = m.open_target(rootfd, path, "file", create=False, strict=True)
         except OSError:
             continue
         null = m.clone_tree("dev/null", recursive=False, dirfd=rootfd)
         m.attach(null, target, f"masking {path}")
-    for path in MASKED_DIRS:
+    for path in dirs:
         try:
             target = m.open_target(rootfd, path, "dir", create=False, strict=True)
         except OSError:
@@ -302,12 +307,15 @@ def _mask(rootfd):
         empty = m.new_fs("tmpfs", ("size=0", "mode=0555"), k.MOUNT_ATTR_RDONLY
                          | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
         m.attach(empty, target, f"masking {path}")
-    for path in READONLY_PATHS:
+    for path in ro:
         try:
             target = m.open_target(rootfd, path, "dir" if path != "/proc/sysrq-trigger"
                                    else "file", create=False, strict=True)
         except OSError:
-            continue
+            try:
+                target = m.open_target(rootfd, path, "file", create=False, strict=True)
+            except OSError:
+                continue
         clone = m.clone_tree("", recursive=True, dirfd=target)
         m.restrict(clone, ro=True, noexec=True)
         m.attach(clone, target, f"making {path} read-only")
@@ -363,7 +371,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
     try:
         # Die with the launcher.  A launcher that died before this prctl has
         # closed its end of the go pipe: EOF there, checked next, closes the race.
-        k.prctl(k.PR_SET_PDEATHSIG, 9)
+        if plan.oci is None:   # an OCI container outlives its `create` by design
+            k.prctl(k.PR_SET_PDEATHSIG, 9)
         if not wait and _peer_gone(go_r):
             os._exit(125)
         # Nothing the caller's process left open stays open in the sandbox's
@@ -388,6 +397,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
         k.mount(None, "/", None, k.MS_REC | k.MS_SLAVE)
         step = "opening host sources"
         src, nodes, mounts, binds = _open_sources(plan)
+        oci_src = ocisetup.open_sources(plan) if plan.oci is not None else None
         # Files created from here on need the caller's id mapped.
         if wait:
             if os.read(go_r, 1) != b"G":
@@ -414,8 +424,11 @@ def run(plan, go_r, err_w, tty_sock, wait):
         _apply_edits(plan, rootfd, nodes, mounts)
         step = "bind-mounting -v sources"
         _user_binds(rootfd, binds)
+        if oci_src is not None:
+            step = "mounting the OCI config's mounts"
+            ocisetup.mounts(plan, rootfd, oci_src)
         step = "masking /proc and /sys paths"
-        _mask(rootfd)
+        _mask(rootfd, plan.oci)
         step = f"opening the working directory {plan.workdir}"
         wdfd = m.open_target(rootfd, plan.workdir, "dir", create=True)
         if plan.spec.rootfs_mode == "ro":
@@ -431,12 +444,17 @@ def run(plan, go_r, err_w, tty_sock, wait):
         if tty_sock is not None:
             step = "allocating the terminal"
             tty_slave = _open_pty(tty_sock)
+        if oci_src is not None:
+            step = "waiting for start"
+            err_w = ocisetup.wait_start(plan, err_w, oci_src)
         step = "starting the command"
         pid = os.fork()
         if pid == 0:
             command.run(plan, err_w, wdfd, tty_slave)
         os.close(err_w)
         os.close(wdfd)
+        if oci_src is not None:
+            ocisetup.release_stdio()
         if tty_slave is not None:
             os.close(tty_slave)
     except OSError as e:

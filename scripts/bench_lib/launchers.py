@@ -185,8 +185,9 @@ def oci(runtime, exe, mode, bundle, state, view, note=None):
     return Launcher(f"{runtime}-{mode}", runtime, mode, make, view=view, note=note)
 
 
-def podman(exe, mode, image, binds, store, view, note=None):
-    base = [exe, "--root", f"{store}/root", "--runroot", f"{store}/run",
+def podman(exe, mode, image, binds, store, view, note=None, runtime=None):
+    """runtime: (row label, OCI runtime binary) for `--runtime`; None: podman's default."""
+    base = [exe, *(["--runtime", runtime[1]] if runtime else []), "--root", f"{store}/root", "--runroot", f"{store}/run",
             "--tmpdir", f"{store}/tmp", "--storage-driver", "vfs",
             "--events-backend", "none", "--cgroup-manager", "cgroupfs",
             "run", "--rm", "--read-only", "--network", "host",
@@ -194,6 +195,11 @@ def podman(exe, mode, image, binds, store, view, note=None):
             # podman's default nofile and nproc limits are above many hosts'
             # hard limits, and crun then fails in setrlimit.
             "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+    if runtime:
+        # Only crun implements podman's --cgroups disabled (podman refuses
+        # it for other runtimes): these rows keep podman's cgroup default.
+        i = base.index("--cgroups")
+        del base[i:i + 2]
     for mask in proc_masks(binds):
         base += ["--mount", f"type=tmpfs,destination={mask}"]
     for src, dst, _kind in binds:
@@ -202,4 +208,5 @@ def podman(exe, mode, image, binds, store, view, note=None):
 
     def make(_i, cmd):
         return base + ["--rootfs", image, *cmd]
-    return Launcher(f"podman-{mode}", "podman", mode, make, view=view, note=note)
+    name = f"podman-{runtime[0]}-{mode}" if runtime else f"podman-{mode}"
+    return Launcher(name, "podman", mode, make, view=view, note=note)

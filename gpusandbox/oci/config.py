@@ -1,0 +1,417 @@
+"""An OCI runtime bundle's config.json -> RunSpec, then the LaunchPlan fields
+the spec cannot say (OciExtras in plan.oci, namespaces, capabilities, the
+seccomp program), for the same stages `gpusandbox run` uses.
+
+config.json comes from the runtime's caller (podman, containerd), who runs
+the runtime with its own privileges: it is read as data of the expected
+types, and what gpusandbox cannot honour is refused with one line rather
+than ignored.  GPUs come from NVIDIA_VISIBLE_DEVICES in process.env; which
+driver root serves them is the caller's environment's choice
+(GPUSANDBOX_DRIVER_ROOT, GPUSANDBOX_DEV_ROOT), never the config's.
+"""
+import json
+import os
+import stat
+
+from ..errors import UsageError
+from ..imageroot import container_path
+from ..spec import RunSpec
+from .confighost import _devices, driver_settings  # noqa: F401 - driver_settings is API
+
+MAX_CONFIG = 4 << 20
+
+CAPS = ("CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP "
+        "LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER "
+        "SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE "
+        "SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
+        "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF "
+        "CHECKPOINT_RESTORE").split()
+RLIMITS = {"RLIMIT_CPU": 0, "RLIMIT_FSIZE": 1, "RLIMIT_DATA": 2, "RLIMIT_STACK": 3,
+           "RLIMIT_CORE": 4, "RLIMIT_RSS": 5, "RLIMIT_NPROC": 6, "RLIMIT_NOFILE": 7,
+           "RLIMIT_MEMLOCK": 8, "RLIMIT_AS": 9, "RLIMIT_LOCKS": 10, "RLIMIT_SIGPENDING": 11,
+           "RLIMIT_MSGQUEUE": 12, "RLIMIT_NICE": 13, "RLIMIT_RTPRIO": 14, "RLIMIT_RTTIME": 15}
+NS_FLAGS = {"mount": 0x00020000, "uts": 0x04000000, "ipc": 0x08000000, "user": 0x10000000,
+            "pid": 0x20000000, "network": 0x40000000, "cgroup": 0x02000000}
+# Mounts the init makes itself, with the same filesystem, at these places.
+SYSTEM_MOUNTS = {("/proc", "proc"), ("/sys", "sysfs"), ("/sys", "bind"), ("/dev", "tmpfs"),
+                 ("/dev/pts", "devpts"), ("/sys/fs/cgroup", "cgroup"),
+                 ("/sys/fs/cgroup", "cgroup2")}
+FS_TYPES = ("tmpfs", "mqueue", "devpts", "proc", "sysfs")
+FLAG_OPTS = {"ro", "rw", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "bind", "rbind",
+             "private", "rprivate", "slave", "rslave", "relatime", "norelatime", "strictatime",
+             "nostrictatime", "noatime", "atime", "nodiratime", "diratime", "sync", "async",
+             "tmpcopyup", "mand", "nomand", "silent", "loud", "defaults", "norbind", "noiversion"}
+REFUSED_OPTS = {"shared", "rshared", "unbindable", "runbindable", "remount", "dirsync",
+                "idmap", "ridmap"}
+
+
+class Mount:
+    __slots__ = ("destination", "kind", "source", "fstype", "data", "recursive", "ro",
+                 "nosuid", "nodev", "noexec", "target_kind")
+
+
+class OciExtras:
+    """What the stages do for an OCI launch beyond a RunSpec (plan.oci)."""
+    __slots__ = ("mounts", "masked", "readonly", "sysctl", "rlimits", "groups", "umask",
+                 "fifo", "oom_score_adj", "hooks", "annotations", "ns_join", "terminal",
+                 # (bounding, effective, permitted, inheritable, ambient) numbers
+                 "caps", "nnp", "domainname")
+
+
+def _bad(path, why, hint=None):
+    return UsageError(f"OCI config {path}", why, hint)
+
+
+def read(bundle, path=None):
+    """The bundle's config.json (or `path`) as a dict (size-bounded, a
+    regular file)."""
+    path = path or os.path.join(bundle, "config.json")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise UsageError(f"OCI bundle {bundle}", f"cannot open config.json: {e.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _bad(path, "not a regular file")
+        data = os.read(fd, MAX_CONFIG + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG:
+        raise _bad(path, f"larger than {MAX_CONFIG} bytes")
+    try:
+        conf = json.loads(data)
+    except (ValueError, RecursionError):
+        raise _bad(path, "not valid JSON") from None
+    if not isinstance(conf, dict):
+        raise _bad(path, "not a JSON object")
+    return conf
+
+
+def _get(obj, key, typ, where, default=None):
+    v = obj.get(key) if isinstance(obj, dict) else None
+    if v is None:
+        return default
+    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+        raise _bad(where, f"{key} has the wrong type ({type(v).__name__})")
+    return v
+
+
+def _strs(v, where):
+    if not isinstance(v, list) or not all(isinstance(x, str) and "\0" not in x for x in v):
+        raise _bad(where, "must be a list of strings")
+    return v
+
+
+def _caps(names, where):
+    out = []
+    for n in _strs(names, where):
+        short = n[4:] if n.startswith("CAP_") else n
+        if short not in CAPS:
+            raise _bad(where, f"unknown capability {n}")
+        out.append(CAPS.index(short))
+    return tuple(sorted(set(out)))
+
+
+def cap_sets(capset):
+    """(bounding, effective, permitted, inheritable, ambient) of an OCI
+    process.capabilities object, as capability numbers."""
+    return tuple(_caps(capset.get(name) or [], f"process.capabilities.{name}")
+                 for name in ("bounding", "effective", "permitted", "inheritable", "ambient"))
+
+
+def _mount(i, ent, bundle):
+    where = f"mounts[{i}]"
+    if not isinstance(ent, dict):
+        raise _bad(where, "not an object")
+    dst = _get(ent, "destination", str, where)
+    if not dst or not dst.startswith("/") or "\0" in dst:
+        raise _bad(where, "destination must be an absolute path")
+    dst = container_path(dst)
+    typ = _get(ent, "type", str, where) or ""
+    opts = _strs(_get(ent, "options", list, where, []), where + ".options")
+    if (dst, typ) in SYSTEM_MOUNTS or (dst == "/dev/pts" and typ == "devpts"):
+        return None
+    bind = typ in ("bind", "none", "") or "bind" in opts or "rbind" in opts
+    for o in opts:
+        if o in REFUSED_OPTS:
+            raise _bad(where, f"option {o} on {dst} is not supported",
+                       "gpusandbox keeps every container mount private")
+    m = Mount()
+    m.destination = dst
+    m.ro = "ro" in opts
+    m.nosuid = "nosuid" in opts
+    m.nodev = "nodev" in opts
+    m.noexec = "noexec" in opts
+    if bind:
+        src = _get(ent, "source", str, where)
+        if not src or "\0" in src:
+            raise _bad(where, "a bind mount needs a source")
+        src = os.path.join(bundle, src)
+        try:
+            st = os.stat(src)
+        except OSError as e:
+            raise _bad(where, f"bind source {src}: {e.strerror}") from None
+        m.kind, m.source, m.fstype, m.data = "bind", src, None, ()
+        m.recursive = "rbind" in opts
+        m.target_kind = "dir" if stat.S_ISDIR(st.st_mode) else "file"
+        return m
+    if typ not in FS_TYPES:
+        raise _bad(where, f"filesystem type {typ!r} at {dst} is not supported",
+                   f"use a bind mount or one of {', '.join(FS_TYPES)}")
+    if typ in ("proc", "sysfs"):
+        raise _bad(where, f"{typ} at {dst} is not supported",
+                   "the container gets its own /proc and /sys")
+    m.kind, m.source, m.fstype, m.recursive, m.target_kind = "fs", None, typ, False, "dir"
+    src = _get(ent, "source", str, where) or typ
+    m.data = (f"source={src}",) + tuple(o for o in opts if o not in FLAG_OPTS)
+    return m
+
+
+def _namespaces(linux, real_root):
+    """(clone flags, [(type, path)] to join, user namespace requested)."""
+    flags, join, seen = 0, [], set()
+    for i, ns in enumerate(_get(linux, "namespaces", list, "linux", [])):
+        where = f"linux.namespaces[{i}]"
+        t = _get(ns, "type", str, where)
+        if t not in NS_FLAGS:
+            raise _bad(where, f"namespace type {t!r} is not supported")
+        if t in seen:
+            raise _bad(where, f"namespace {t} listed twice")
+        seen.add(t)
+        path = _get(ns, "path", str, where)
+        if path:
+            if t in ("mount", "user", "pid", "cgroup"):
+                raise _bad(where, f"joining an existing {t} namespace is not supported")
+            join.append((t, path))
+        else:
+            flags |= NS_FLAGS[t]
+    for t in ("mount", "pid"):
+        if t not in seen:
+            raise _bad("linux.namespaces", f"no {t} namespace: sharing the host's is not supported")
+    if "uts" not in seen:
+        raise _bad("linux.namespaces", "no uts namespace: sharing the host's is not supported")
+    if not real_root and "user" not in seen:
+        raise _bad("linux.namespaces", "a rootless container needs a user namespace")
+    return flags | NS_FLAGS["cgroup"], join, "user" in seen
+
+
+def _idmaps(linux):
+    out = []
+    for key in ("uidMappings", "gidMappings"):
+        rows = []
+        for i, r in enumerate(_get(linux, key, list, "linux", [])):
+            vals = [_get(r, f, int, f"linux.{key}[{i}]") for f in ("containerID", "hostID", "size")]
+            if any(v is None or v < 0 for v in vals):
+                raise _bad(f"linux.{key}[{i}]", "containerID, hostID and size are required")
+            rows.append(tuple(vals))
+        if not rows:
+            raise _bad("linux", f"a user namespace needs {key}")
+        out.append(rows)
+    return out
+
+
+def _refuse_unknown(conf, linux, proc):
+    for key in ("intelRdt", "personality", "timeOffsets", "memoryPolicy"):
+        if linux.get(key):
+            raise _bad("linux", f"{key} is not supported")
+    if linux.get("rootfsPropagation") not in (None, "", "private", "rprivate", "slave",
+                                              "rslave"):
+        raise _bad("linux.rootfsPropagation", f"{linux['rootfsPropagation']!r} is not supported",
+                   "the container's mounts are always private (slave of the host's)")
+    if linux.get("mountLabel"):
+        raise _bad("linux", "mountLabel: no LSM support in gpusandbox")
+    if proc.get("apparmorProfile") or proc.get("selinuxLabel"):
+        raise _bad("process", "apparmorProfile/selinuxLabel: no LSM support in gpusandbox")
+    if (proc.get("ioPriority") or proc.get("scheduler") or proc.get("execCPUAffinity")):
+        raise _bad("process", "ioPriority/scheduler/execCPUAffinity are not supported")
+    hooks = _get(conf, "hooks", dict, "hooks", {})
+    for stage in ("createContainer", "startContainer"):
+        if hooks.get(stage):
+            raise _bad("hooks", f"{stage} hooks (run inside the container) are not supported")
+
+
+def _resources(spec, linux):
+    res = _get(linux, "resources", dict, "linux", {})
+    mem = _get(res, "memory", dict, "linux.resources", {})
+    if mem.get("limit") is not None and _get(mem, "limit", int, "memory") > 0:
+        spec.memory = str(mem["limit"])
+        swap = _get(mem, "swap", int, "memory")
+        if swap is not None:
+            spec.memory_swap = "max" if swap < 0 else str(swap)
+    pids = _get(res, "pids", dict, "linux.resources", {})
+    if pids.get("limit") is not None and _get(pids, "limit", int, "pids") > 0:
+        spec.pids_limit = str(pids["limit"])
+    cpu = _get(res, "cpu", dict, "linux.resources", {})
+    quota, period = _get(cpu, "quota", int, "cpu"), _get(cpu, "period", int, "cpu")
+    if quota and quota > 0:
+        spec.cpus = str(quota / (period or 100000))
+    rules = []
+    for i, d in enumerate(_get(res, "devices", list, "linux.resources", [])):
+        where = f"linux.resources.devices[{i}]"
+        if not _get(d, "allow", bool, where, False):
+            continue      # gpusandbox's filter denies by default
+        t, acc = _get(d, "type", str, where, "a"), _get(d, "access", str, where, "rwm")
+        major, minor = _get(d, "major", int, where), _get(d, "minor", int, where)
+        if t == "c" and major is not None and minor is not None and "m" != acc:
+            rules.append(("c", major, minor, "".join(c for c in acc if c in "rw")))
+    return rules
+
+
+def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
+    """RunSpec, OciExtras and the plan overrides of `bundle`: call build()
+    with them.  Raises UsageError naming the field."""
+    bundle = os.path.abspath(bundle)
+    conf = read(bundle, config_path)
+    ver = _get(conf, "ociVersion", str, "ociVersion", "")
+    if not ver.startswith("1."):
+        raise _bad("ociVersion", f"{ver!r} is not a 1.x version")
+    proc = _get(conf, "process", dict, "process")
+    if proc is None:
+        raise _bad("process", "missing (nothing to run)")
+    linux = _get(conf, "linux", dict, "linux", {})
+    _refuse_unknown(conf, linux, proc)
+    real_root = os.geteuid() == 0
+    spec = RunSpec()
+    root = _get(conf, "root", dict, "root", {})
+    rpath = _get(root, "path", str, "root", "rootfs")
+    spec.image = os.path.join(bundle, rpath)
+    spec.rootfs_mode = "ro" if _get(root, "readonly", bool, "root", False) else "rw"
+    spec.argv = _strs(_get(proc, "args", list, "process", []), "process.args")
+    if not spec.argv:
+        raise _bad("process.args", "empty")
+    env = []
+    for item in _strs(_get(proc, "env", list, "process", []), "process.env"):
+        key, eq, val = item.partition("=")
+        if eq and key:
+            env.append((key, val))
+    cwd = _get(proc, "cwd", str, "process", "/")
+    if not cwd.startswith("/"):
+        raise _bad("process.cwd", "must be an absolute path")
+    spec.image_env = (env, cwd)
+    spec.tty = _get(proc, "terminal", bool, "process", False)
+    spec.hostname = _get(conf, "hostname", str, "hostname") or None
+    spec.seccomp = "unconfined"     # the config's own profile is set on the plan
+    user = _get(proc, "user", dict, "process", {})
+    uid, gid = _get(user, "uid", int, "process.user", 0), _get(user, "gid", int, "process.user", 0)
+    flags, join, userns = _namespaces(linux, real_root)
+    spec.userns = "host" if real_root and not userns else "single"
+    if spec.userns == "host":
+        spec.user = (uid, gid)
+    spec.net = "none" if flags & NS_FLAGS["network"] else "host"
+    dev_rules = _resources(spec, linux)
+    # The plan sees no variable of the caller's: GPU selection reads only the
+    # config's NVIDIA_VISIBLE_DEVICES; the driver root is the caller's choice.
+    plan_env = {}
+    if dict(env).get("NVIDIA_VISIBLE_DEVICES"):
+        plan_env["NVIDIA_VISIBLE_DEVICES"] = dict(env)["NVIDIA_VISIBLE_DEVICES"]
+        spec.driver_root, spec.dev_root = driver_settings(host_env)
+    x = OciExtras()
+    x.mounts = [m for m in (_mount(i, e, bundle) for i, e in
+                            enumerate(_get(conf, "mounts", list, "mounts", []))) if m]
+    x.masked = tuple(_strs(_get(linux, "maskedPaths", list, "linux", []), "linux.maskedPaths"))
+    x.readonly = tuple(_strs(_get(linux, "readonlyPaths", list, "linux", []),
+                             "linux.readonlyPaths"))
+    x.sysctl = []
+    for key, val in _get(linux, "sysctl", dict, "linux", {}).items():
+        if not all(w and w.replace("_", "").replace("-", "").isalnum() for w in key.split(".")) \
+                or not isinstance(val, str):
+            raise _bad("linux.sysctl", f"invalid key {key!r}")
+        x.sysctl.append((key, val))
+    x.rlimits = []
+    for i, r in enumerate(_get(proc, "rlimits", list, "process", [])):
+        t = _get(r, "type", str, f"process.rlimits[{i}]")
+        if t not in RLIMITS:
+            raise _bad(f"process.rlimits[{i}]", f"unknown rlimit {t}")
+        x.rlimits.append((RLIMITS[t], _get(r, "soft", int, t), _get(r, "hard", int, t)))
+    groups = _get(user, "additionalGids", list, "process.user")
+    x.groups = [g for g in groups if isinstance(g, int)] if groups is not None else None
+    x.umask = _get(user, "umask", int, "process.user")
+    x.fifo = fifo
+    x.oom_score_adj = _get(proc, "oomScoreAdj", int, "process")
+    x.hooks = _get(conf, "hooks", dict, "hooks", {})
+    x.annotations = _get(conf, "annotations", dict, "annotations", {})
+    x.ns_join = join
+    x.terminal = spec.tty
+    x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
+    x.nnp = _get(proc, "noNewPrivileges", bool, "process", False)
+    x.domainname = _get(conf, "domainname", str, "domainname") or None
+    if x.domainname and not flags & NS_FLAGS["uts"]:
+        raise _bad("domainname", "needs a new uts namespace")
+    caps = x.caps[1]
+    seccomp = _get(linux, "seccomp", dict, "linux")
+    if seccomp and (seccomp.get("listenerPath") or seccomp.get("flags")):
+        raise _bad("linux.seccomp", "listenerPath and flags are not supported",
+                   "gpusandbox's filter has no user-space notifier and no filter flags")
+    over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,
+            "idmaps": _idmaps(linux) if userns else None, "seccomp": seccomp,
+            "keep_fds": tuple(range(3, 3 + preserve_fds)), "plan_env": plan_env,
+            "devices": _devices(linux)}
+    return conf, spec, x, over
+
+
+def _setgroups_denied():
+    try:
+        with open("/proc/self/setgroups") as f:
+            return f.read().strip() == "deny"
+    except OSError:
+        return False
+
+
+def _gid_mapped(gid):
+    try:
+        with open("/proc/self/gid_map") as f:
+            for line in f:
+                inside, _, count = (int(v) for v in line.split())
+                if inside <= gid < inside + count:
+                    return True
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+def apply(plan, x, over):
+    """The plan fields an OCI config sets beyond what the RunSpec says."""
+    plan.oci = x
+    plan.clone_flags = over["flags"]
+    plan.caps = over["caps"]
+    if over["idmaps"] is not None:
+        plan.cmd_uid, plan.cmd_gid = over["uid"], over["gid"]
+        uids, gids = over["idmaps"]
+        if not plan.real_root and len(uids) == len(gids) == 1 and uids[0][1:] == \
+                (os.geteuid(), 1) and gids[0][1:] == (os.getegid(), 1):
+            # The caller's own ids only: maps the init writes for itself, as
+            # `run` does rootless (no newuidmap round trip).
+            plan.idmap = ("single", uids[0][0], uids[0][1], gids[0][0], gids[0][1])
+            plan.userns = "single"
+        else:
+            plan.idmap = ("full", uids, gids)
+            plan.userns = "subids"
+            plan.clear_groups = True
+    plan.env = dict(plan.env)
+    if _setgroups_denied():
+        # The same namespace may deny setgroups(2) (user_namespaces(7)): the
+        # process keeps the groups it has there, which map to nothing more.
+        plan.clear_groups = False
+        x.groups = None
+    if plan.devpts_gid is not None and not _gid_mapped(plan.devpts_gid):
+        # Rootless podman whose user has no subordinate gids: the runtime is
+        # root of a namespace mapping one gid, where devpts refuses gid=5.
+        plan.devpts_gid = None
+    from ..edits import DeviceNode
+    rules = list(over["dev_rules"])
+    for path, host, major, minor in over["devices"]:
+        plan.edits.device_nodes.append(DeviceNode(path, host, major, minor))
+        rules.append(("c", major, minor, "rw"))
+    if rules:
+        plan.device_rules = list(plan.device_rules or []) + rules
+    plan.keep_fds = over["keep_fds"]
+    # No hostname in the config: the new UTS namespace keeps the host's name,
+    # as runc leaves it.
+    plan.hostname = plan.spec.hostname or os.uname().nodename
+    if over["seccomp"]:
+        from ..linux import seccomp
+        plan.seccomp = seccomp.compile_bytes(json.dumps(over["seccomp"]).encode(),
+                                             seccomp.host_arch(), "linux.seccomp")
+    points = [(mt.destination, mt.target_kind) for mt in x.mounts]
+    from ..plan import OWN_FS
+    plan.points += [(p, kd) for p, kd in points if not p.startswith(OWN_FS) and p != "/"]

@@ -1,0 +1,109 @@
+"""What the host supplies to an OCI config, never the config itself: the
+driver root GPU injection reads (the caller's environment or the runtime's
+settings file) and the host device nodes behind linux.devices."""
+import os
+import stat
+
+from ..errors import UsageError
+from ..imageroot import container_path
+
+
+def _bad(path, why, hint=None):
+    return UsageError(f"OCI config {path}", why, hint)
+
+
+def _get(obj, key, typ, where, default=None):
+    # config.py imports this module at its top: its checker is looked up here.
+    from .config import _get as get
+    return get(obj, key, typ, where, default)
+
+
+def _settings_file(host_env):
+    """$GPUSANDBOX_OCI_CONFIG, else /etc/gpusandbox/oci.conf for root or
+    ~/.config/gpusandbox/oci.conf for a user (podman passes the runtime no
+    variable of its own caller, but HOME rootless)."""
+    if host_env.get("GPUSANDBOX_OCI_CONFIG"):
+        return host_env["GPUSANDBOX_OCI_CONFIG"]
+    if os.geteuid() == 0 and not host_env.get("_CONTAINERS_ROOTLESS_UID"):
+        return "/etc/gpusandbox/oci.conf"
+    home = host_env.get("HOME")
+    return os.path.join(home, ".config/gpusandbox/oci.conf") if home else None
+
+
+def driver_settings(host_env):
+    """(driver root, dev root) for GPU injection: GPUSANDBOX_DRIVER_ROOT and
+    GPUSANDBOX_DEV_ROOT of the caller, else driver_root= and dev_root= lines
+    of the settings file (owned by the caller or root, writable by no one
+    else), else the host's own driver."""
+    vals = {"driver_root": host_env.get("GPUSANDBOX_DRIVER_ROOT"),
+            "dev_root": host_env.get("GPUSANDBOX_DEV_ROOT")}
+    path = _settings_file(host_env)
+    if not vals["driver_root"] and path:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                st = os.fstat(fd)
+                if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                    raise UsageError(f"OCI runtime settings {path}",
+                                     "owned by another user or writable by others")
+                text = os.read(fd, 1 << 16).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+            for line in text.splitlines():
+                key, eq, val = line.strip().partition("=")
+                if eq and key.strip() in vals and not line.lstrip().startswith("#"):
+                    vals[key.strip()] = val.strip()
+    return vals["driver_root"] or None, vals["dev_root"] or None
+
+
+def _host_node(major, minor, path):
+    """A host character device node with these numbers: `path` itself, else
+    one in /dev or a directory right below it."""
+    def match(p):
+        try:
+            st = os.stat(p, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == \
+            (major, minor)
+    if match(path):
+        return path
+    try:
+        top = sorted(os.scandir("/dev"), key=lambda e: e.name)
+    except OSError:
+        return None
+    for e in top:
+        if match(e.path):
+            return e.path
+    for e in top:
+        if e.is_dir(follow_symlinks=False):
+            try:
+                for f in sorted(os.scandir(e.path), key=lambda e: e.name):
+                    if match(f.path):
+                        return f.path
+            except OSError:
+                continue
+    return None
+
+
+def _devices(linux):
+    """linux.devices: each a host node of the same numbers, bind-mounted at
+    its path (nodes are never created: no CAP_MKNOD in any sandbox)."""
+    out = []
+    for i, d in enumerate(_get(linux, "devices", list, "linux", [])):
+        where = f"linux.devices[{i}]"
+        path, typ = _get(d, "path", str, where), _get(d, "type", str, where)
+        major, minor = _get(d, "major", int, where), _get(d, "minor", int, where)
+        if not path or not path.startswith("/") or "\0" in path:
+            raise _bad(where, "path must be absolute")
+        if typ not in ("c", "u") or major is None or minor is None:
+            raise _bad(where, f"{path}: only character devices can be added",
+                       "block devices and fifos are never offered")
+        host = _host_node(major, minor, path)
+        if host is None:
+            raise _bad(where, f"{path}: no host character device {major}:{minor}")
+        out.append((container_path(path), host, major, minor))
+    return out

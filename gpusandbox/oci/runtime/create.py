@@ -1,0 +1,214 @@
+"""`create`: the launcher stage of `gpusandbox run`, detached.
+
+The same plan, cgroup, clone3, id maps and init as stages/parent.py; what
+differs is only what an OCI runtime must do differently:
+- no reaper and no PDEATHSIG: the container outlives this process, and
+  `delete` removes the cgroup leaf;
+- the init stops after its setup, says READY on the error channel, and blocks
+  in open(2) of the exec fifo until `start`;
+- this process then writes the pid file and state.json and exits, so the
+  init is re-parented to the caller (conmon, a shim: their child subreaper)
+  and its exit status, the workload's, is theirs to collect;
+- a terminal's master goes to the caller's console socket.
+"""
+import os
+import socket
+import time
+
+from ... import plan as planmod
+from ...errors import SandboxError
+from ...linux import cgroup
+from ...linux import sys as k
+from ...stages import channel, init, parent
+from ...stages.ocisetup import READY
+from .. import config as ociconfig
+from . import state
+
+
+def _setns(join):
+    """Namespaces given by path are joined by this process before the clone:
+    the init then starts inside them (setns(2); no flag for them in clone3)."""
+    for t, path in join:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise SandboxError(f"joining the {t} namespace {path}", e.strerror) from None
+        try:
+            k.syscall("setns", fd, ociconfig.NS_FLAGS[t])
+        except OSError as e:
+            raise SandboxError(f"joining the {t} namespace {path}", e.strerror) from None
+        finally:
+            os.close(fd)
+
+
+def _rlimits(x):
+    import resource
+    for res, soft, hard in x.rlimits:
+        try:
+            resource.setrlimit(res, (soft, hard))
+        except (OSError, ValueError) as e:
+            name = [n for n, v in ociconfig.RLIMITS.items() if v == res][0]
+            raise SandboxError(f"setting {name} to {soft}:{hard}", str(e),
+                               "lower it in the config (podman: --ulimit)") from None
+    if x.oom_score_adj is not None:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(x.oom_score_adj))
+
+
+def _send_console(path, master):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        socket.send_fds(s, [b"/dev/ptmx"], [master])
+    except OSError as e:
+        raise SandboxError(f"console socket {path}", e.strerror) from None
+    finally:
+        s.close()
+
+
+def _wait_ready(err_r):
+    buf = b""
+    while True:
+        chunk = os.read(err_r, 4096)
+        if not chunk:
+            break
+        buf += chunk
+        if buf.startswith(READY):
+            return
+        if b"\n" in buf:
+            break
+    rec = channel.parse(buf) or (125, "the container's init exited during setup", None, None)
+    code, what, why, hint = rec
+    raise SandboxError(what, why, hint, code)
+
+
+def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=None,
+           config_path=None):
+    import _signal
+    d = state.container_dir(root, cid)
+    os.makedirs(root, 0o700, exist_ok=True)
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        raise SandboxError(f"container \"{cid}\" already exists") from None
+    fifo = os.path.join(d, "exec.fifo")
+    ok = False
+    child = None
+    cg = None
+    try:
+        os.mkfifo(fifo, 0o622)
+        os.chmod(fifo, 0o622)
+        conf, spec, x, over = ociconfig.load(bundle, os.environ, fifo, preserve_fds,
+                                                config_path)
+        if x.terminal and not console:
+            raise SandboxError("process.terminal is set but no --console-socket was given")
+        spec.best_effort = True
+        plan = planmod.build(spec, over["plan_env"])
+        ociconfig.apply(plan, x, over)
+        for w in plan.warnings:
+            log.warn(w)
+        _rlimits(x)
+        _setns(x.ns_join)
+        tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if x.terminal else None
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
+        limits = None
+        if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
+            limits = cgroup.Limits(memory=spec.memory, memory_swap=spec.memory_swap,
+                                   pids=spec.pids_limit, cpus=spec.cpus)
+        try:
+            cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
+                                best_effort=True, name_prefix="gpusandbox-oci", detached=True)
+        except SandboxError as e:
+            if state.host_uid() == 0:
+                raise
+            # Rootless, a caller whose cgroup is not in the cgroup2 tree (podman's
+            # pause process on a hybrid host) gets no leaf, as rootless `run`
+            # outside a delegated subtree: nothing to attach a filter to anyway.
+            log.warn(f"no cgroup for the container: {e.line()}")
+            cg = cgroup.CgroupHandle()
+        for w in cg.warnings:
+            log.warn(w)
+        plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        v1_join = bool(cg.dirfd < 0 and cg.path)
+        wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join
+        try:
+            pid = k.clone_fork(plan.clone_flags, cg.dirfd)
+        except OSError as e:
+            raise parent._clone_error(e, plan) from None
+        if pid == 0:
+            for fd in cg.fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            os.close(go_w)
+            os.close(err_r)
+            if tty:
+                tty[0].close()
+            try:
+                init.run(plan, go_r, err_w, tty[1] if tty else None, wait)
+            finally:
+                os._exit(125)
+        child = pid
+        os.close(go_r)
+        os.close(err_w)
+        os.close(plan.rootfd)
+        if tty:
+            tty[1].close()
+        parent._write_maps(plan, pid)
+        if v1_join:
+            cg.join(pid)
+        if wait:
+            os.write(go_w, b"G")
+        if tty:
+            _, fds, _, _ = socket.recv_fds(tty[0], 1, 1)
+            tty[0].close()
+            if fds:
+                _send_console(console, fds[0])
+                os.close(fds[0])
+        _wait_ready(err_r)
+        os.close(err_r)
+        os.close(go_w)
+        st = {"id": cid, "pid": pid, "start_time": state.start_time(pid)[0],
+              "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs,
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "annotations": x.annotations, "cgroup": cg.path, "cgroup_version": cg.version,
+              "hooks": x.hooks, "_dir": d}
+        state.save(st)
+        if x.hooks.get("createRuntime") or x.hooks.get("prestart"):
+            from . import hooks     # subprocess: only when there are hooks to run
+            hooks.run(x.hooks, ("createRuntime", "prestart"), state.public(st), log)
+        if pid_file:
+            tmp = f"{pid_file}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(str(pid))
+            os.rename(tmp, pid_file)
+        ok = True
+    finally:
+        if not ok:
+            if child:
+                try:
+                    os.kill(child, 9)    # not yet waited for: the number is still ours
+                    os.waitpid(child, 0)
+                except OSError:
+                    pass
+            if cg is not None:
+                cg.teardown()
+            _remove_dir(d)
+        elif cg is not None:
+            cg._close()
+    return 0
+
+
+def _remove_dir(d):
+    for name in ("exec.fifo", "state.json"):
+        try:
+            os.unlink(os.path.join(d, name))
+        except OSError:
+            pass
+    try:
+        os.rmdir(d)
+    except OSError:
+        pass

@@ -1,0 +1,244 @@
+"""start, state, kill, delete, pause, resume, ps, list, features: each acts
+on the container's init through a pidfd opened after its start time was
+checked, so a recycled pid is never signalled."""
+import json
+import os
+import select
+import sys
+
+from ...errors import SandboxError
+from . import state
+# linux.sys (ctypes) and hooks (subprocess) are imported where used: `state`,
+# which podman calls all the time, needs neither.
+
+SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "ILL": 4, "TRAP": 5, "ABRT": 6, "IOT": 6, "BUS": 7,
+           "FPE": 8, "KILL": 9, "USR1": 10, "SEGV": 11, "USR2": 12, "PIPE": 13, "ALRM": 14,
+           "TERM": 15, "STKFLT": 16, "CHLD": 17, "CONT": 18, "STOP": 19, "TSTP": 20,
+           "TTIN": 21, "TTOU": 22, "URG": 23, "XCPU": 24, "XFSZ": 25, "VTALRM": 26,
+           "PROF": 27, "WINCH": 28, "IO": 29, "POLL": 29, "PWR": 30, "SYS": 31}
+
+
+def parse_signal(text):
+    t = (text or "TERM").upper()
+    if t.isdigit() and 0 < int(t) < 65:
+        return int(t)
+    t = t[3:] if t.startswith("SIG") else t
+    if t in SIGNALS:
+        return SIGNALS[t]
+    if t.startswith("RTMIN") or t.startswith("RTMAX"):
+        base, _, off = t[5:].partition("+") if "+" in t else (t[5:], "", t[6:] if "-" in t else "0")
+        try:
+            n = int(off or 0)
+        except ValueError:
+            n = -1
+        if n >= 0:
+            return 34 + n if t.startswith("RTMIN") else 64 - n
+    raise SandboxError(f"unknown signal {text!r}")
+
+
+def _pidfd(st):
+    """A pidfd of the init, only if it is still the recorded process."""
+    from ...linux import sys as k
+    if not state.alive(st):
+        return None
+    try:
+        fd = k.syscall("pidfd_open", st["pid"], 0)
+    except OSError:
+        return None
+    if not state.alive(st):    # the pidfd now pins it: checked once more
+        os.close(fd)
+        return None
+    return fd
+
+
+def start(root, cid, log):
+    st = state.load(root, cid)
+    s = state.status(st)
+    if s != "created":
+        raise SandboxError("cannot start an already running container" if s == "running"
+                           else f"cannot start a container that has {s}"
+                           if s == "stopped" else f"cannot start a {s} container")
+    fifo = os.path.join(st["_dir"], "exec.fifo")
+    # The pidfd first: once the fifo is open the workload may start and end
+    # before this process looks, and its init's pid must still be ours then.
+    pfd = _pidfd(st)
+    if pfd is None:
+        raise SandboxError("cannot start a container that has stopped")
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        while True:
+            ready, _, _ = select.select([fd, pfd], [], [])
+            if fd in ready:
+                try:
+                    if os.read(fd, 1):
+                        break
+                except BlockingIOError:
+                    pass
+            if pfd in ready:
+                raise SandboxError("cannot start a container that has stopped",
+                                   "its init exited before start")
+    finally:
+        os.close(fd)
+        os.close(pfd)
+    os.unlink(fifo)
+    if (st.get("hooks") or {}).get("poststart"):
+        from . import hooks     # subprocess: only when there are hooks to run
+        hooks.run(st.get("hooks"), ("poststart",), state.public(st), log)
+    return 0
+
+
+def state_cmd(root, cid):
+    st = state.load(root, cid)
+    sys.stdout.write(json.dumps(state.public(st), indent=2) + "\n")
+    return 0
+
+
+def kill(root, cid, sig, all_=False):
+    from ...linux import sys as k
+    st = state.load(root, cid)
+    signo = parse_signal(sig)
+    pfd = _pidfd(st)
+    if pfd is None:
+        raise SandboxError("container not running")
+    try:
+        if all_ and st.get("cgroup"):
+            for pid in _cgroup_pids(st["cgroup"]):
+                try:
+                    os.kill(pid, signo)   # members of the leaf: none is outside the container
+                except OSError:
+                    pass
+        else:
+            k.syscall("pidfd_send_signal", pfd, signo, None, 0)
+    finally:
+        os.close(pfd)
+    return 0
+
+
+def _cgroup_pids(leaf):
+    out = []
+    for top, _, _ in os.walk(leaf):
+        try:
+            with open(os.path.join(top, "cgroup.procs")) as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def delete(root, cid, force, log):
+    from ...linux import sys as k
+    try:
+        st = state.load(root, cid)
+    except state.NotFound:
+        if force:
+            return 0
+        raise
+    pfd = _pidfd(st)
+    if pfd is not None:
+        try:
+            if not force:
+                raise SandboxError(f"cannot delete container {cid} that is not stopped: "
+                                   f"{state.status(st)}", None, "use delete --force")
+            k.syscall("pidfd_send_signal", pfd, 9, None, 0)
+            select.select([pfd], [], [], 10)
+        finally:
+            os.close(pfd)
+    if st.get("cgroup"):
+        from ...linux.cgroup import CgroupHandle
+        h = CgroupHandle()
+        h.path, h.version = st["cgroup"], st.get("cgroup_version") or 2
+        if os.path.isdir(h.path):
+            h.teardown()
+            for note in h.notes:
+                log.warn(note)
+    if (st.get("hooks") or {}).get("poststop"):
+        from . import hooks
+        hooks.run(st.get("hooks"), ("poststop",), state.public(st), log, fatal=False)
+    d = st["_dir"]
+    for name in ("exec.fifo", "state.json"):
+        try:
+            os.unlink(os.path.join(d, name))
+        except OSError:
+            pass
+    os.rmdir(d)
+    return 0
+
+
+def freeze(root, cid, on):
+    st = state.load(root, cid)
+    s = state.status(st)
+    if s not in ("running", "paused"):
+        raise SandboxError("container not running")
+    leaf = st.get("cgroup")
+    if not leaf or st.get("cgroup_version") != 2:
+        raise SandboxError("pause/resume: the container has no cgroup2 leaf to freeze",
+                           None, "run as root or in a delegated cgroup")
+    with open(os.path.join(leaf, "cgroup.freeze"), "w") as f:
+        f.write("1" if on else "0")
+    return 0
+
+
+def ps(root, cid, fmt):
+    st = state.load(root, cid)
+    if not state.alive(st):
+        pids = []
+    elif st.get("cgroup"):
+        pids = _cgroup_pids(st["cgroup"])
+    else:
+        pids = [st["pid"]]
+    if fmt == "json":
+        sys.stdout.write(json.dumps(pids) + "\n")
+        return 0
+    sys.stdout.write("PID CMD\n")
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        sys.stdout.write(f"{p} {comm}\n")
+    return 0
+
+
+def list_cmd(root, fmt, quiet):
+    rows = []
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        try:
+            rows.append(state.public(state.load(root, name)))
+        except (state.NotFound, SandboxError):
+            continue
+    if quiet:
+        sys.stdout.write("".join(r["id"] + "\n" for r in rows))
+    elif fmt == "json":
+        sys.stdout.write(json.dumps(rows) + "\n")
+    else:
+        sys.stdout.write("ID\tPID\tSTATUS\tBUNDLE\tCREATED\tOWNER\n")
+        for r in rows:
+            sys.stdout.write(f"{r['id']}\t{r['pid']}\t{r['status']}\t{r['bundle']}\t"
+                             f"{r['created']}\t{r['owner']}\n")
+    return 0
+
+
+def features():
+    from .. import config as c
+    doc = {"ociVersionMin": "1.0.0", "ociVersionMax": "1.1.0",
+           "hooks": ["prestart", "createRuntime", "poststart", "poststop"],
+           "mountOptions": sorted(c.FLAG_OPTS),
+           "linux": {"namespaces": sorted(c.NS_FLAGS),
+                     "capabilities": ["CAP_" + n for n in c.CAPS],
+                     "cgroup": {"v1": False, "v2": True, "systemd": False, "systemdUser": False},
+                     "seccomp": {"enabled": True,
+                                 "actions": ["SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL",
+                                             "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_KILL_THREAD",
+                                             "SCMP_ACT_TRAP", "SCMP_ACT_LOG"],
+                                 "operators": ["SCMP_CMP_NE", "SCMP_CMP_LT", "SCMP_CMP_LE",
+                                               "SCMP_CMP_EQ", "SCMP_CMP_GE", "SCMP_CMP_GT",
+                                               "SCMP_CMP_MASKED_EQ"]},
+                     "apparmor": {"enabled": False}, "selinux": {"enabled": False}},
+           "annotations": {"org.opencontainers.runc.version": "gpusandbox"}}
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    return 0

@@ -1,0 +1,107 @@
+"""The init's steps that only an OCI runtime launch has (plan.oci set by
+gpusandbox/oci/config.py): the config's own mounts and sysctls, and the
+wait for `start` on the exec fifo.  Everything else an OCI container gets
+is the ordinary init of stages/init.py.
+"""
+import os
+
+from ..linux import mounts as m
+from ..linux import sys as k
+from . import channel
+
+# The channel record that tells `create` the container is set up and its
+# init now waits for `start` (code 0: not a failure).
+READY = f"0{channel.SEP}ready{channel.SEP}{channel.SEP}\n".encode()
+
+
+def open_sources(plan):
+    """Host-side handles, taken before the image's tree is attached (as the
+    init's other sources are): every bind source cloned, and the exec fifo
+    of the state directory held by an O_PATH descriptor, reopened for writing
+    after the pivot, when no host path is reachable by name any more."""
+    oci = plan.oci
+    binds = []
+    for mnt in oci.mounts:
+        if mnt.kind == "bind":
+            binds.append(m.clone_tree(mnt.source, recursive=mnt.recursive))
+        else:
+            binds.append(None)
+    fifo = os.open(oci.fifo, k.O_PATH | os.O_CLOEXEC) if oci.fifo else -1
+    return {"binds": binds, "fifo": fifo}
+
+
+def _attrs(mnt):
+    return ((k.MOUNT_ATTR_RDONLY if mnt.ro else 0) | (k.MOUNT_ATTR_NOSUID if mnt.nosuid else 0)
+            | (k.MOUNT_ATTR_NODEV if mnt.nodev else 0) | (k.MOUNT_ATTR_NOEXEC if mnt.noexec else 0))
+
+
+def mounts(plan, rootfd, src):
+    """The config's mounts in its order, after the system mounts (so a
+    config's /dev/shm or /tmp goes over ours), then its sysctls (before the
+    masking makes /proc/sys read-only)."""
+    for mnt, fd in zip(plan.oci.mounts, src["binds"]):
+        if fd is not None:
+            m.restrict(fd, ro=mnt.ro, nosuid=mnt.nosuid, nodev=mnt.nodev, noexec=mnt.noexec,
+                       recursive=mnt.recursive)
+        else:
+            fd = m.new_fs(mnt.fstype, mnt.data, _attrs(mnt))
+        m.attach(fd, m.open_target(rootfd, mnt.destination, mnt.target_kind),
+                 f"mounting {mnt.destination}")
+    if plan.oci.domainname:
+        # The container's own UTS namespace (config.py insists on one).
+        name = plan.oci.domainname.encode()
+        k._check(k.libc.setdomainname(name, len(name)), "setdomainname")
+    for key, value in plan.oci.sysctl:
+        # The key was checked as dotted words (oci/config.py): no '..' and no '/'.
+        path = "proc/sys/" + key.replace(".", "/")
+        fd = k.openat2(rootfd, path, os.O_WRONLY, 0,
+                       k.RESOLVE_IN_ROOT | k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+
+
+def wait_start(plan, err_w, src):
+    """Say READY to `create`, then block in open(2) of the exec fifo until
+    `start` opens its other end.  `create` has gone by then, so the error
+    channel becomes the container's stderr (conmon's log) with text lines.
+    Returns the new error fd."""
+    os.write(err_w, READY)
+    os.dup2(2, err_w, inheritable=False)
+    channel.PLAIN.append(True)
+    fifo = src["fifo"]
+    fd = os.open(f"/proc/self/fd/{fifo}", os.O_WRONLY | os.O_CLOEXEC)
+    os.write(fd, b"0")
+    os.close(fd)
+    os.close(fifo)
+    return err_w
+
+
+def before_exec(plan):
+    """Process settings that apply to the command only."""
+    if plan.oci.umask is not None:
+        os.umask(plan.oci.umask)
+
+
+def seccomp_early(plan):
+    """An OCI config with noNewPrivileges false and a seccomp filter: the
+    filter goes in before the capabilities are dropped, since without
+    no_new_privs the kernel installs one only for CAP_SYS_ADMIN
+    (seccomp(2)); the rest of the command stage then runs under it, as
+    runc's does.  Returns whether it was installed here."""
+    if plan.oci.nnp or plan.seccomp is None:
+        return False
+    from ..linux import seccomp
+    seccomp.install(plan.seccomp)
+    return True
+
+
+def release_stdio():
+    """The init lets go of the caller's stdio once the workload has it: a
+    workload that closes its stdout must end the caller's read of it (conmon's
+    pipes, `$(... run --detach)`), as with runc, whose init is the workload."""
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)

@@ -1,0 +1,116 @@
+"""config.json -> RunSpec + OciExtras (gpusandbox/oci/config.py), no privileges."""
+import json
+import os
+
+import pytest
+
+from gpusandbox.errors import UsageError
+from gpusandbox.oci import config as oc
+from gpusandbox.oci.runtime import ops, state
+
+
+def _bundle(tmp_path, **over):
+    root = tmp_path / "rootfs"
+    (root / "bin").mkdir(parents=True, exist_ok=True)
+    conf = {"ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "env": ["A=1", "NVIDIA_VISIBLE_DEVICES=0"],
+                        "cwd": "/w", "user": {"uid": 0, "gid": 0, "umask": 18},
+                        "capabilities": {"bounding": ["CAP_KILL", "CAP_CHOWN"],
+                                         "effective": ["CAP_KILL"]},
+                        "rlimits": [{"type": "RLIMIT_NOFILE", "soft": 10, "hard": 20}]},
+            "root": {"path": "rootfs"},
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                       {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+                        "options": ["nosuid", "nodev"]},
+                       {"destination": "/data", "type": "bind", "source": str(tmp_path),
+                        "options": ["rbind", "ro", "noexec"]}],
+            "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "uts", "network")],
+                      "uidMappings": [], "maskedPaths": ["/proc/kcore"],
+                      "sysctl": {"net.ipv4.ping_group_range": "0 0"},
+                      "resources": {"pids": {"limit": 99}, "memory": {"limit": 1 << 30},
+                                    "devices": [{"allow": True, "type": "c", "major": 10,
+                                                 "minor": 200, "access": "rwm"}]}}}
+    for path, value in over.items():
+        obj = conf
+        *keys, last = path.split(".")
+        for k in keys:
+            obj = obj[k]
+        obj[last] = value
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    return str(tmp_path)
+
+
+def _load(tmp_path, **over):
+    return oc.load(_bundle(tmp_path, **over), {"GPUSANDBOX_DRIVER_ROOT": "/sim"}, "/f", 2)
+
+
+def test_translation(tmp_path):
+    conf, spec, x, over = _load(tmp_path)
+    assert spec.argv == ["sh"] and spec.image == str(tmp_path / "rootfs")
+    assert spec.image_env == ([("A", "1"), ("NVIDIA_VISIBLE_DEVICES", "0")], "/w")
+    assert spec.rootfs_mode == "rw" and spec.net == "none"
+    assert (spec.pids_limit, spec.memory) == ("99", str(1 << 30))
+    # GPUs: the config's selection, the caller's driver root; nothing else of the caller's.
+    assert over["plan_env"] == {"NVIDIA_VISIBLE_DEVICES": "0"} and spec.driver_root == "/sim"
+    assert [(m.destination, m.kind) for m in x.mounts] == [("/dev/mqueue", "fs"),
+                                                           ("/data", "bind")]
+    data = x.mounts[1]
+    assert (data.ro, data.noexec, data.recursive, data.nosuid) == (True, True, True, False)
+    assert x.mounts[0].data == ("source=mqueue",)
+    assert x.caps[0] == (0, 5) and x.caps[1] == (5,) and x.caps[4] == ()
+    assert x.rlimits == [(7, 10, 20)] and x.umask == 18
+    assert x.sysctl == [("net.ipv4.ping_group_range", "0 0")]
+    assert over["dev_rules"] == [("c", 10, 200, "rw")]
+    assert over["keep_fds"] == (3, 4)
+    assert over["devices"] == []
+
+
+@pytest.mark.parametrize("path,value,why", [
+    ("linux.intelRdt", {"closID": "a"}, "intelRdt is not supported"),
+    ("process.apparmorProfile", "x", "no LSM support"),
+    ("linux.namespaces", [{"type": "mount"}, {"type": "uts"}], "no pid namespace"),
+    ("linux.namespaces", [{"type": "pid"}, {"type": "mount"}, {"type": "uts"},
+                          {"type": "user", "path": "/proc/1/ns/user"}],
+     "joining an existing user namespace"),
+    ("mounts", [{"destination": "/x", "type": "nfs", "source": "h:/x"}],
+     "filesystem type 'nfs'"),
+    ("mounts", [{"destination": "/x", "type": "bind", "source": "/", "options": ["rshared"]}],
+     "option rshared"),
+    ("linux.sysctl", {"../../x": "1"}, "invalid key"),
+    ("process.capabilities", {"effective": ["CAP_NOPE"]}, "unknown capability"),
+    ("hooks", {"startContainer": [{"path": "/bin/true"}]}, "startContainer hooks"),
+    ("ociVersion", "0.9", "not a 1.x version"),
+    ("linux.rootfsPropagation", "shared", "'shared' is not supported"),
+    ("linux.seccomp", {"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/x"},
+     "listenerPath and flags"),
+    ("linux.devices", [{"path": "/dev/sda", "type": "b", "major": 8, "minor": 0}],
+     "only character devices"),
+    ("linux.devices", [{"path": "/dev/x", "type": "c", "major": 4095, "minor": 77}],
+     "no host character device 4095:77"),
+])
+def test_refusals(tmp_path, path, value, why):
+    with pytest.raises(UsageError) as e:
+        _load(tmp_path, **{path: value})
+    assert why in e.value.line()
+
+
+def test_driver_settings_file(tmp_path):
+    f = tmp_path / "oci.conf"
+    f.write_text("# sim\ndriver_root=/sim/host\ndev_root = /sim/dev\n")
+    os.chmod(f, 0o644)
+    assert oc.driver_settings({"GPUSANDBOX_OCI_CONFIG": str(f)}) == ("/sim/host", "/sim/dev")
+    os.chmod(f, 0o666)
+    with pytest.raises(UsageError):
+        oc.driver_settings({"GPUSANDBOX_OCI_CONFIG": str(f)})
+    assert oc.driver_settings({"GPUSANDBOX_DRIVER_ROOT": "/x"})[0] == "/x"
+
+
+def test_signals_and_ids():
+    assert [ops.parse_signal(s) for s in ("9", "KILL", "SIGTERM", "term", "RTMIN+2")] == \
+        [9, 9, 15, 15, 36]
+    with pytest.raises(Exception):
+        ops.parse_signal("SIGNOPE")
+    assert state.check_id("abc-1.2_x+y") == "abc-1.2_x+y"
+    for bad in ("", "../x", "-a", "a/b", "é"):
+        with pytest.raises(Exception):
+            state.check_id(bad)
