@@ -42,15 +42,25 @@ def test_help_and_bad_arguments(tmp_path):
 
 
 def test_tap_from_both_suites(mod):
-    # runtime-tools (tap-go): a failure's YAML block, a directive skip
+    # runtime-tools (tap-go): a failure's YAML block or the comments after it,
+    # a directive skip, an error before any case ran
     rt = ("TAP version 13\nok 1 - has hostname\nnot ok 2 - memory limit\n  ---\n"
-          "  error: cgroup memory.limit_in_bytes missing\n  ...\nok 3 # SKIP needs pid namespace\n1..3\n")
-    cases = mod.parse_tap(rt, "validation/x/x.t", False, 1)
+          "  error: memory.limit_in_bytes missing\n  ...\nok 3 # SKIP needs pid namespace\n"
+          "not ok 4 - get hugetlb cgroup data\n# subsystem hugetlb not found\n1..4\n")
+    cases = mod.parse_tap(rt, "validation/linux_cgroups_memory/linux_cgroups_memory.t", False, 1,
+                          diag_after=True)
     assert [(c["status"], c["name"]) for c in cases] == [
-        ("passed", "has hostname"), ("failed", "memory limit"), ("skipped", "#3")]
+        ("passed", "has hostname"), ("failed", "memory limit"), ("skipped", "#3"),
+        ("failed", "get hugetlb cgroup data")]
     assert "memory.limit_in_bytes" in cases[1]["reason"]
-    assert cases[1]["class"] == "cgroup-controller-absent"
+    assert cases[1]["class"] == "cgroup-v1-needed"
     assert cases[2]["reason"] == "needs pid namespace"
+    assert cases[3]["reason"] == "subsystem hugetlb not found"
+    assert cases[3]["class"] == "cgroup-controller-absent"
+    early = mod.parse_tap("TAP version 13\n  ---\n  {\n  \"error\": \"hooks out of order\"\n  }\n  ...\n1..0\n",
+                          "validation/hooks/hooks.t", False, 0, diag_after=True)
+    assert [(c["status"], c["name"]) for c in early] == [("failed", "(whole file)")]
+    assert "hooks out of order" in early[0]["reason"]
     # crun: timings after the name, a reasoned skip, diagnostics before the result
     cr = ("1..3\nok 1 - cwd # 0.120s\nok 2 - cgroup-v2 #SKIP requires cgroup v2 # 0.001s\n"
           "# Output: runc: flag provided but not defined: -keep\nnot ok 3 - keep # 0.2s\n"
