@@ -61,6 +61,11 @@ def test_tap_from_both_suites(mod):
                           "validation/hooks/hooks.t", False, 0, diag_after=True)
     assert [(c["status"], c["name"]) for c in early] == [("failed", "(whole file)")]
     assert "hooks out of order" in early[0]["reason"]
+    # nothing printed: a pass for a negative check only
+    assert mod.parse_tap("", "validation/process_rlimits_fail/process_rlimits_fail.t", False, 0,
+                         diag_after=True)[0]["status"] == "passed"
+    assert mod.parse_tap("", "validation/default/default.t", False, 0,
+                         diag_after=True)[0]["status"] == "failed"
     # crun: timings after the name, a reasoned skip, diagnostics before the result
     cr = ("1..3\nok 1 - cwd # 0.120s\nok 2 - cgroup-v2 #SKIP requires cgroup v2 # 0.001s\n"
           "# Output: runc: flag provided but not defined: -keep\nnot ok 3 - keep # 0.2s\n"
