@@ -16,7 +16,9 @@ commands:
   prune                                       remove unreferenced images and blobs
   inspect REF [--json]                        an image's platform, config and layers
   info [--json]                               driver, CUDA ceiling, GPUs, isolation available here
-  list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
+  list [--gpus SEL] [--gpu-caps CAPS] [--gpu-memory N] [--gpu-compute P]
+                                              host files a launch with these options would inject,
+                                              and the GPU sharing tier it would use
   doctor [--gpus SEL] [IMAGE_DIR|FILE.sqsh]   check launcher, driver and image, one line per check
   doctor --mpi [IMAGE_DIR]                    in a Slurm step: what MPI/NCCL ranks share, transports
   cdi generate|list|check [options]           CDI specs: write one for this host's GPUs, list and
