@@ -13,16 +13,21 @@ from . import manifest as mf
 from . import ref as refmod
 from . import runrec
 from .digest import ImageError
-from .store import Store, default_root
+from .storeread import StoreReader, default_root
 
 
 class Stores(list):
     """The own store (None until it exists: a lookup creates nothing), then
-    the read-only site store; .root is the own store's path."""
+    the read-only site store; .root is the own store's path.  Opened for
+    reading (storeread.py): the write side (store.py) is imported only when
+    something is written."""
 
     def writable(self):
-        """The own store, created (0700) when missing: only a pull does."""
-        if self[0] is None:
+        """The own store opened for writing, created (0700) when missing."""
+        from .store import Store
+        if not isinstance(self[0], Store):
+            if self[0] is not None:
+                self[0].close()
             self[0] = Store(self.root)
         return self[0]
 
@@ -30,11 +35,11 @@ class Stores(list):
 def stores(root=None, environ=None):
     env = os.environ if environ is None else environ
     path = os.path.abspath(root or default_root(env))
-    out = Stores([Store(path) if os.path.isdir(path) else None])
+    out = Stores([StoreReader(path) if os.path.isdir(path) else None])
     out.root = path
     site = env.get("GPUSANDBOX_SITE_STORE")
     if site and os.path.isdir(site):
-        out.append(Store(site, readonly=True))
+        out.append(StoreReader(site, readonly=True))
     return out
 
 
