@@ -8,8 +8,6 @@ the private overlay (--rw is refused)."""
 import os
 import sys
 
-from . import config as cfgmod
-from . import manifest as mf
 from . import ref as refmod
 from . import runrec
 from .digest import ImageError
@@ -92,7 +90,10 @@ def prepare(spec):
         ref = refmod.parse(spec.image)
     else:
         ref = _store_name(spec.image)
-    platform = mf.parse_platform(spec.platform) if spec.platform else None
+    platform = None
+    if spec.platform:
+        from .manifest import parse_platform
+        platform = parse_platform(spec.platform)
     all_stores = stores(spec.store)
     hit = find(ref, all_stores) if ref.transport in ("store", "docker") else None
     if hit is None:
@@ -107,12 +108,12 @@ def prepare(spec):
     # launcher (and the sandbox it waits for) lives.
     st.hold(dig)
     conf = _run_config(st, dig)
-    cfgmod.check_platform(conf, platform or mf.host_platform(), platform is not None)
+    runrec.check_platform(conf, platform or runrec.host_platform(), platform is not None)
     spec.image = st.bundle(dig)
     # The plan takes Env and WorkingDir from here rather than parsing the
     # bundle's config.json again (which says the same: both come from conf).
     spec.image_env = (list(conf.env), conf.workdir or "/")
-    spec.argv = cfgmod.command(conf, spec.argv, spec.entrypoint)
+    spec.argv = runrec.command(conf, spec.argv, spec.entrypoint)
     if not spec.argv:
         raise ImageError(f"no command to run in {ref.canonical()}",
                          "the image has no Entrypoint or Cmd",
@@ -138,7 +139,8 @@ def _run_config(st, dig):
     if not rec:
         raise ImageError(f"image {dig} in {st.root} has no readable record", None,
                          "remove it with 'gpusandbox rmi' and pull it again")
-    return cfgmod.parse(st.read_blob(rec["config"]))
+    from .config import parse
+    return parse(st.read_blob(rec["config"]))
 
 
 def _store_name(text):
@@ -160,6 +162,7 @@ def _store_name(text):
 def _user(spec, conf, rootfs):
     """The image's User where the sandbox can represent it: real root in
     the host user namespace (the --user path); elsewhere a note."""
+    from . import config as cfgmod
     if os.geteuid() == 0 and spec.userns in ("auto", "host"):
         from ..linux import sys as k
         spec.user = cfgmod.resolve_user(conf, rootfs,
