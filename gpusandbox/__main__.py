@@ -17,7 +17,7 @@ commands:
   inspect REF [--json]                        an image's platform, config and layers
   info [--json]                               driver, CUDA ceiling, GPUs, isolation available here
   list [--gpus SEL] [--gpu-caps CAPS]         host files a launch with these options would inject
-  doctor [--gpus SEL] [IMAGE_DIR|FILE.sqsh]   check launcher, driver and image, one line per check
+  doctor [--gpus SEL] [IMAGE]                 check launcher, driver and image (DIR, FILE.sqsh, REF)
   doctor --mpi [IMAGE_DIR]                    in a Slurm step: what MPI/NCCL ranks share, transports
   cdi generate|list|check [options]           CDI specs: write one for this host's GPUs, list and
                                               check those in /etc/cdi, /var/run/cdi (docs/cdi.md)
