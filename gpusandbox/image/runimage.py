@@ -109,7 +109,11 @@ def prepare(spec):
     st.hold(dig)
     conf = _run_config(st, dig)
     runrec.check_platform(conf, platform or runrec.host_platform(), platform is not None)
-    spec.image = st.bundle(dig)
+    # The rootfs opened relative to the store's fd (no path is resolved
+    # again): the plan takes this fd as the root, and spec.image only shows.
+    spec.image_fd = os.open(st.image_dir(dig) + "/rootfs", os.O_PATH | os.O_DIRECTORY
+                            | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=st.fd)
+    spec.image = st.bundle(dig) + "/rootfs"
     # The plan takes Env and WorkingDir from here rather than parsing the
     # bundle's config.json again (which says the same: both come from conf).
     spec.image_env = (list(conf.env), conf.workdir or "/")
@@ -120,7 +124,7 @@ def prepare(spec):
                          "give one: gpusandbox run IMAGE CMD [ARG...]")
     if conf.user and spec.user is None and not spec.fakeroot and \
             conf.user not in ("0", "root", "0:0", "root:root"):
-        _user(spec, conf, st.bundle(dig) + "/rootfs")
+        _user(spec, conf, spec.image_fd)
     st.touch(dig)
 
 
@@ -159,14 +163,14 @@ def _store_name(text):
                          "docker://ubuntu:22.04 or oci:DIR") from None
 
 
-def _user(spec, conf, rootfs):
+def _user(spec, conf, rootfd):
     """The image's User where the sandbox can represent it: real root in
     the host user namespace (the --user path); elsewhere a note."""
     from . import config as cfgmod
     if os.geteuid() == 0 and spec.userns in ("auto", "host"):
         from ..linux import sys as k
-        spec.user = cfgmod.resolve_user(conf, rootfs,
-                                        lambda p, lim: k.read_in_root(rootfs, p, lim))
+        spec.user = cfgmod.resolve_user(conf, rootfd,
+                                        lambda p, lim: k.read_in_root(rootfd, p, lim))
         spec.userns = "host"
         return
     sys.stderr.write(f"gpusandbox: note: the image's User {conf.user[:60]!r} is not applied "
