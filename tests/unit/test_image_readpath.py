@@ -47,3 +47,23 @@ def test_the_moved_helpers_are_the_same_functions():
     assert cfgmod.command is runrec.command and cfgmod.check_platform is runrec.check_platform
     assert mf.host_platform is runrec.host_platform
     assert mf.host_platform()["os"] == "linux"
+
+
+def test_the_root_is_held_from_the_store_fd_not_resolved_again(cached):  # noqa: F811
+    from gpusandbox.cli import parse_run_args
+    from gpusandbox.imageroot import image_root
+    st, dig = cached
+    rootfs = st.bundle(dig) + "/rootfs"
+    want = os.stat(rootfs).st_ino
+    spec = parse_run_args(["--store", st.root, "docker://fast:1"])
+    runimage.prepare(spec)
+    try:
+        assert spec.image == rootfs and os.fstat(spec.image_fd).st_ino == want
+        # the tree swapped under the same name after the lookup changes nothing
+        os.rename(rootfs, rootfs + ".old")
+        os.makedirs(rootfs + "/bin")
+        shown, fd, config = image_root(spec.image, spec.image_fd)
+        assert (shown, fd, config) == (rootfs, spec.image_fd, None)
+        assert os.fstat(fd).st_ino == want != os.stat(rootfs).st_ino
+    finally:
+        os.close(spec.image_fd)
