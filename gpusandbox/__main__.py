@@ -19,7 +19,7 @@ commands:
   list [--gpus SEL] [--gpu-caps CAPS] [--gpu-memory N] [--gpu-compute P]
                                               host files a launch with these options would inject,
                                               and the GPU sharing tier it would use
-  doctor [--gpus SEL] [IMAGE_DIR|FILE.sqsh]   check launcher, driver and image, one line per check
+  doctor [--gpus SEL] [IMAGE]                 check launcher, driver and image (DIR, FILE.sqsh, REF)
   doctor --mpi [IMAGE_DIR]                    in a Slurm step: what MPI/NCCL ranks share, transports
   cdi generate|list|check [options]           CDI specs: write one for this host's GPUs, list and
                                               check those in /etc/cdi, /var/run/cdi (docs/cdi.md)

@@ -112,24 +112,29 @@ def _bundle(imgfd, image):
         raise
 
 
-def image_root(image):
+def image_root(image, held=None):
     """IMAGE_DIR is a rootfs, or an OCI bundle (config.json + rootfs/).
 
     Returns (display path, O_PATH fd of the root, config bytes or None).  The
     fd is the only way the launcher and the init reach the image afterwards:
-    a directory swapped for a symlink after this point changes nothing."""
-    imgfd = _open_image_dir(image)
-    display = os.path.abspath(image)
-    try:
-        found = _bundle(imgfd, image)
-    except BaseException:
-        os.close(imgfd)
-        raise
+    a directory swapped for a symlink after this point changes nothing.
+    `held`: the root already opened by fd (a store image, opened relative to
+    its store's fd by image/runimage.py): taken as it is, `image` only shown."""
     config = None
-    if found is not None:
-        os.close(imgfd)
-        imgfd, config = found
-        display = os.path.join(display, "rootfs")
+    if held is not None:
+        imgfd, display = held, image
+    else:
+        imgfd = _open_image_dir(image)
+        display = os.path.abspath(image)
+        try:
+            found = _bundle(imgfd, image)
+        except BaseException:
+            os.close(imgfd)
+            raise
+        if found is not None:
+            os.close(imgfd)
+            imgfd, config = found
+            display = os.path.join(display, "rootfs")
     ok = False
     for d in ("bin", "usr/bin", "sbin"):
         try:

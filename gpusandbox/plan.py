@@ -377,7 +377,7 @@ def build(spec, host_env=None):
     plan = LaunchPlan(spec)
     squash = spec.image.endswith((".sqsh", ".squashfs"))
     if not squash:
-        plan.rootfs, plan.rootfd, config = image_root(spec.image)
+        plan.rootfs, plan.rootfd, config = image_root(spec.image, spec.image_fd)
         plan.root_id = root_identity(plan.rootfd, plan.rootfs)
     _identity(plan, spec, host_env)
     if spec.share == "node" or (spec.share is None and host_env.get("SLURM_STEP_ID")):

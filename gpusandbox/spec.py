@@ -32,7 +32,7 @@ class RunSpec:
         # security
         "seccomp",
         # images (an image reference as IMAGE): --entrypoint, --platform, --store
-        "entrypoint", "platform", "store", "image_ref", "image_env",
+        "entrypoint", "platform", "store", "image_ref", "image_env", "image_fd",
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
         # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
@@ -77,6 +77,7 @@ class RunSpec:
         self.store = None
         self.image_ref = False       # IMAGE is an image reference (cli.is_image_ref)
         self.image_env = None        # (env items, workdir) of a store image's config
+        self.image_fd = None         # O_PATH fd of a store image's rootfs (runimage.py)
         self.pause_at = None
         self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)
         self.gpu_memory = None       # --gpu-memory text, checked by gpu/share.py

@@ -95,7 +95,7 @@ def _parser():
             raise UsageError(f"doctor: {message}", hint="run 'gpusandbox doctor --help'")
 
     p = Parser(prog="gpusandbox doctor", description="Check the launcher's prerequisites, the "
-               "host driver and (given IMAGE_DIR or FILE.sqsh) the image, then run a test sandbox.",
+               "host driver and (given IMAGE_DIR, FILE.sqsh or a store image) the image, then run a test sandbox.",
                epilog="Exit status: 0 nothing failed (warnings allowed), 1 a check failed, "
                       "125 usage error.")
     p.add_argument("--gpus", default="all", help="GPUs to verify (default: all)")
@@ -111,10 +111,23 @@ def _parser():
                    help="with --mpi: the --share the ranks use (default: as run chooses)")
     p.add_argument("--net", choices=("host", "none"), default=None,
                    help="with --mpi: the --net the ranks use")
-    p.add_argument("image", nargs="?", metavar="IMAGE_DIR",
-                   help="image to check and test: a rootfs directory, an OCI bundle or a "
-                        "squashfs file FILE.sqsh (mounted read-only as run mounts it)")
+    p.add_argument("image", nargs="?", metavar="IMAGE",
+                   help="image to check and test: a rootfs directory, an OCI bundle, a "
+                        "squashfs file FILE.sqsh (mounted read-only as run mounts it) or an "
+                        "image in the store, NAME[:TAG] or docker://REF (never pulled; "
+                        "GPUSANDBOX_STORE and GPUSANDBOX_SITE_STORE as for run)")
     return p
+
+
+def _image_arg(text):
+    """A path made absolute; an image reference (run's rule) kept as given."""
+    if not text:
+        return None
+    from .storeimage import is_store_ref, resolve
+    if not is_store_ref(text):
+        return os.path.abspath(text)
+    resolve(text)       # not in the store: one error line with the hint to pull, exit 125
+    return text
 
 
 def main(argv, roots=None):
@@ -123,7 +136,7 @@ def main(argv, roots=None):
         a = _parser().parse_args(argv)
         opts = Options(gpus=a.gpus, driver_root=os.path.abspath(a.driver_root),
                        dev_root=os.path.abspath(a.dev_root) if a.dev_root else None,
-                       image=os.path.abspath(a.image) if a.image else None, userns=a.userns,
+                       image=_image_arg(a.image), userns=a.userns,
                        roots=roots or Roots(), mpi=a.mpi, share=a.share, net=a.net)
         checks = run_checks(opts)
     except SandboxError as e:

@@ -63,10 +63,18 @@ def check_image(opts, host, ceiling, sel):
         except SandboxError as e:
             out.append(Check("image", "rootfs", FAIL, e.line(), e.hint or ""))
             return out, None
+    from .storeimage import is_store_ref, resolve
+    if not opts.image.startswith("/") and is_store_ref(opts.image):
+        try:
+            root, env, shown = resolve(opts.image)
+        except SandboxError as e:
+            out.append(Check("image", "rootfs", FAIL, e.line(), e.hint or ""))
+            return out, None
+        return _check_tree(out, root, env, opts, host, ceiling, sel, shown)
     if not os.path.isdir(opts.image):
         out.append(Check("image", "rootfs", FAIL, f"{opts.image} is not a directory",
-                         "give an unpacked root filesystem, an OCI bundle directory or a "
-                         "FILE.sqsh"))
+                         "give an unpacked root filesystem, an OCI bundle directory, a "
+                         "FILE.sqsh or an image in the store (NAME[:TAG], docker://REF)"))
         return out, None
     try:
         root, env = load_image(opts.image)

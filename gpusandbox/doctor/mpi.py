@@ -118,6 +118,8 @@ def _probe(opts, env, host, share):
     argv = [sys.executable, "-m", "gpusandbox", "run", "--share", share]
     if opts.net:
         argv += ["--net", opts.net]
+    if not opts.image.startswith("/"):
+        argv += ["--entrypoint", ""]        # a store image: the probe is the command
     argv += [opts.image, "sh", "-c", _PROBE]
     try:
         res = subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL, capture_output=True,

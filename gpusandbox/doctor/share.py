@@ -24,10 +24,14 @@ def check_share(opts, host, sel):
 
 def _compat(compat, opts, host, sel):
     """The forward-compat decision for the image: a squashfs file is read
-    through its read-only mount, as run reads it (doctor/sqsh.py)."""
+    through its read-only mount, as run reads it (doctor/sqsh.py), a store
+    image in its store."""
     import os
     if opts.image.endswith((".sqsh", ".squashfs")) and not os.path.isdir(opts.image):
         from .sqsh import mounted
         with mounted(opts.image, opts.userns) as (root, _env):
             return compat.for_launch("auto", root, host, sel, [])
+    if not opts.image.startswith("/"):      # a store image (doctor/storeimage.py)
+        from .storeimage import resolve
+        return compat.for_launch("auto", resolve(opts.image)[0], host, sel, [])
     return compat.for_launch("auto", opts.image, host, sel, [])

@@ -22,7 +22,8 @@ def _sandbox(opts, facts, cmd, timeout=120):
         argv += ["--dev-root", opts.dev_root]
     if opts.userns != "auto":
         argv += ["--userns", opts.userns]
-    if opts.image.endswith((".sqsh", ".squashfs")) and not os.path.isdir(opts.image):
+    if opts.image.endswith((".sqsh", ".squashfs")) and not os.path.isdir(opts.image) or \
+            not opts.image.startswith("/"):     # a store image (doctor/storeimage.py)
         # The probe is the command, not arguments to the image's Entrypoint.
         argv += ["--entrypoint", ""]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NVIDIA_", "CUDA_"))}

@@ -17,6 +17,8 @@ from . import digest as digestmod
 from . import manifest as mf
 from .digest import ImageError
 from ..imagedata import number
+# Defined in runrec.py: `run` of a cached image imports neither this module nor manifest.py.
+from .runrec import check_platform, command  # noqa: F401
 
 MAX_ITEMS = 4096
 MAX_STR = 1 << 16
@@ -103,31 +105,6 @@ def parse(raw):
         raise _bad("rootfs.diff_ids", "not a list")
     c.diff_ids = [digestmod.validate(d, "diff_id") for d in ids]
     return c
-
-
-def check_platform(c, want, asked):
-    """Refuse an image of another OS or architecture than `want` unless the
-    user asked for that platform (--platform); an image that omits them is
-    taken as it is."""
-    if c.os and c.os != want["os"] or \
-            c.architecture and c.architecture != want["architecture"]:
-        got = mf.format_platform(c.platform())
-        if asked:
-            raise ImageError(f"the image is for {got}, not the {mf.format_platform(want)} "
-                             "asked for with --platform", None)
-        raise ImageError(f"the image is for {got}; this host runs "
-                         f"{mf.format_platform(want)}", None,
-                         f"to run it anyway (emulated), pass --platform {got}")
-
-
-def command(c, argv, entrypoint):
-    """argv of the run: docker's Entrypoint/Cmd rules.  `entrypoint` is the
-    --entrypoint value (None when not given; '' clears it)."""
-    if entrypoint is not None:
-        ep = [entrypoint] if entrypoint else []
-        return ep + list(argv)
-    ep = c.entrypoint or []
-    return ep + (list(argv) if argv else (c.cmd or []))
 
 
 def resolve_user(c, rootfd, read):

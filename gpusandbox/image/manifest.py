@@ -5,10 +5,9 @@ index is parsed here, each field checked for type and bound, and an index is
 reduced to the one manifest descriptor for a platform (attestation entries
 skipped).  A document that claims to be both a manifest and an index is
 refused."""
-import os
-
 from . import digest as digestmod
 from .digest import ImageError
+from .runrec import host_platform  # noqa: F401  (there: a cached `run` needs only it)
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -34,16 +33,6 @@ MAX_DOC = 4 << 20          # bytes of a manifest, index or config
 MAX_LAYERS = 500
 MAX_ENTRIES = 4096         # manifests in an index
 MAX_BLOB_SIZE = 1 << 40
-
-_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x",
-         "armv7l": "arm", "i686": "386", "riscv64": "riscv64"}
-
-
-def host_platform():
-    arch = os.uname().machine
-    return {"os": "linux", "architecture": _ARCH.get(arch, arch),
-            "variant": "v8" if arch == "aarch64" else None}
-
 
 def parse_platform(text):
     """OS/ARCH[/VARIANT] (--platform) -> dict."""

@@ -8,21 +8,24 @@ the private overlay (--rw is refused)."""
 import os
 import sys
 
-from . import config as cfgmod
-from . import manifest as mf
 from . import ref as refmod
 from . import runrec
 from .digest import ImageError
-from .store import Store, default_root
+from .storeread import StoreReader, default_root
 
 
 class Stores(list):
     """The own store (None until it exists: a lookup creates nothing), then
-    the read-only site store; .root is the own store's path."""
+    the read-only site store; .root is the own store's path.  Opened for
+    reading (storeread.py): the write side (store.py) is imported only when
+    something is written."""
 
     def writable(self):
-        """The own store, created (0700) when missing: only a pull does."""
-        if self[0] is None:
+        """The own store opened for writing, created (0700) when missing."""
+        from .store import Store
+        if not isinstance(self[0], Store):
+            if self[0] is not None:
+                self[0].close()
             self[0] = Store(self.root)
         return self[0]
 
@@ -30,11 +33,11 @@ class Stores(list):
 def stores(root=None, environ=None):
     env = os.environ if environ is None else environ
     path = os.path.abspath(root or default_root(env))
-    out = Stores([Store(path) if os.path.isdir(path) else None])
+    out = Stores([StoreReader(path) if os.path.isdir(path) else None])
     out.root = path
     site = env.get("GPUSANDBOX_SITE_STORE")
     if site and os.path.isdir(site):
-        out.append(Store(site, readonly=True))
+        out.append(StoreReader(site, readonly=True))
     return out
 
 
@@ -87,7 +90,10 @@ def prepare(spec):
         ref = refmod.parse(spec.image)
     else:
         ref = _store_name(spec.image)
-    platform = mf.parse_platform(spec.platform) if spec.platform else None
+    platform = None
+    if spec.platform:
+        from .manifest import parse_platform
+        platform = parse_platform(spec.platform)
     all_stores = stores(spec.store)
     hit = find(ref, all_stores) if ref.transport in ("store", "docker") else None
     if hit is None:
@@ -102,19 +108,23 @@ def prepare(spec):
     # launcher (and the sandbox it waits for) lives.
     st.hold(dig)
     conf = _run_config(st, dig)
-    cfgmod.check_platform(conf, platform or mf.host_platform(), platform is not None)
-    spec.image = st.bundle(dig)
+    runrec.check_platform(conf, platform or runrec.host_platform(), platform is not None)
+    # The rootfs opened relative to the store's fd (no path is resolved
+    # again): the plan takes this fd as the root, and spec.image only shows.
+    spec.image_fd = os.open(st.image_dir(dig) + "/rootfs", os.O_PATH | os.O_DIRECTORY
+                            | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=st.fd)
+    spec.image = st.bundle(dig) + "/rootfs"
     # The plan takes Env and WorkingDir from here rather than parsing the
     # bundle's config.json again (which says the same: both come from conf).
     spec.image_env = (list(conf.env), conf.workdir or "/")
-    spec.argv = cfgmod.command(conf, spec.argv, spec.entrypoint)
+    spec.argv = runrec.command(conf, spec.argv, spec.entrypoint)
     if not spec.argv:
         raise ImageError(f"no command to run in {ref.canonical()}",
                          "the image has no Entrypoint or Cmd",
                          "give one: gpusandbox run IMAGE CMD [ARG...]")
     if conf.user and spec.user is None and not spec.fakeroot and \
             conf.user not in ("0", "root", "0:0", "root:root"):
-        _user(spec, conf, st.bundle(dig) + "/rootfs")
+        _user(spec, conf, spec.image_fd)
     st.touch(dig)
 
 
@@ -133,7 +143,8 @@ def _run_config(st, dig):
     if not rec:
         raise ImageError(f"image {dig} in {st.root} has no readable record", None,
                          "remove it with 'gpusandbox rmi' and pull it again")
-    return cfgmod.parse(st.read_blob(rec["config"]))
+    from .config import parse
+    return parse(st.read_blob(rec["config"]))
 
 
 def _store_name(text):
@@ -152,13 +163,14 @@ def _store_name(text):
                          "docker://ubuntu:22.04 or oci:DIR") from None
 
 
-def _user(spec, conf, rootfs):
+def _user(spec, conf, rootfd):
     """The image's User where the sandbox can represent it: real root in
     the host user namespace (the --user path); elsewhere a note."""
+    from . import config as cfgmod
     if os.geteuid() == 0 and spec.userns in ("auto", "host"):
         from ..linux import sys as k
-        spec.user = cfgmod.resolve_user(conf, rootfs,
-                                        lambda p, lim: k.read_in_root(rootfs, p, lim))
+        spec.user = cfgmod.resolve_user(conf, rootfd,
+                                        lambda p, lim: k.read_in_root(rootfd, p, lim))
         spec.userns = "host"
         return
     sys.stderr.write(f"gpusandbox: note: the image's User {conf.user[:60]!r} is not applied "

@@ -4,7 +4,9 @@ images/<hex>/run.rec: what `run` of a store image needs from its config
 (config digest, platform, Entrypoint, Cmd, User, Env, WorkingDir), written
 by the pull from the checked ImageConfig and read back without the json
 module (which, with the `re` it imports, cost a cached `run` more than the
-rest of the launch's image handling).
+rest of the launch's image handling).  The platform check and the
+Entrypoint/Cmd rule live here too (config.py and manifest.py re-export
+them): a cached `run` imports neither of those modules.
 
 The format is NUL-separated text fields (a config string never holds NUL:
 config.parse refuses one), ending in NUL:
@@ -25,6 +27,43 @@ NAME = "run.rec"
 MAX_FILE = 8 << 20          # a config is at most 4 MiB (manifest.MAX_DOC)
 MAX_ITEMS = 4096            # as config.MAX_ITEMS
 MAX_STR = 1 << 16           # as config.MAX_STR
+
+
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x",
+         "armv7l": "arm", "i686": "386", "riscv64": "riscv64"}
+
+
+def host_platform():
+    import os
+    arch = os.uname().machine
+    return {"os": "linux", "architecture": _ARCH.get(arch, arch),
+            "variant": "v8" if arch == "aarch64" else None}
+
+
+def check_platform(c, want, asked):
+    """Refuse an image of another OS or architecture than `want` unless the
+    user asked for that platform (--platform); an image that omits them is
+    taken as it is."""
+    if c.os and c.os != want["os"] or \
+            c.architecture and c.architecture != want["architecture"]:
+        from .manifest import format_platform
+        got = format_platform(c.platform())
+        if asked:
+            raise ImageError(f"the image is for {got}, not the {format_platform(want)} "
+                             "asked for with --platform", None)
+        raise ImageError(f"the image is for {got}; this host runs "
+                         f"{format_platform(want)}", None,
+                         f"to run it anyway (emulated), pass --platform {got}")
+
+
+def command(c, argv, entrypoint):
+    """argv of the run: docker's Entrypoint/Cmd rules.  `entrypoint` is the
+    --entrypoint value (None when not given; '' clears it)."""
+    if entrypoint is not None:
+        ep = [entrypoint] if entrypoint else []
+        return ep + list(argv)
+    ep = c.entrypoint or []
+    return ep + (list(argv) if argv else (c.cmd or []))
 
 
 class RunConfig:

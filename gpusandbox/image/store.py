@@ -21,43 +21,18 @@ nothing a running pull needs disappears under it.
 
 All paths are relative to the store's directory fd; the store and every
 staging directory are 0700, so a setuid file in an image is reachable by
-nobody else on the host."""
+nobody else on the host.  Reading (run, images, inspect, doctor) is
+storeread.py: this module is the write side, imported by a pull, rmi, prune."""
 import errno
 import fcntl
 import os
-import stat
 
 from . import digest as digestmod
-from . import manifest as mf
-from . import runrec
 from .digest import ImageError
+from .storeread import _DIR, MAX_REF_FILE, StoreReader, default_root, escape  # noqa: F401
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 SUBDIRS = ("blobs", "blobs/sha256", "blobs/sha512", "images", "layers", "refs", "tmp",
            "locks")
-MAX_REF_FILE = 200
-
-
-def default_root(environ=None):
-    env = os.environ if environ is None else environ
-    if env.get("GPUSANDBOX_STORE"):
-        return env["GPUSANDBOX_STORE"]
-    data = env.get("XDG_DATA_HOME")
-    if not data or not data.startswith("/"):
-        home = env.get("HOME") or os.path.expanduser("~")
-        data = os.path.join(home, ".local", "share")
-    return os.path.join(data, "gpusandbox", "store")
-
-
-def escape(name):
-    """A ref name as one file name: '%XX' for anything but [A-Za-z0-9_-]
-    (so no '/', '.', '..' or NUL can reach the file system), hashed when long."""
-    out = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else
-                  "".join(f"%{b:02X}" for b in c.encode()) for c in name)
-    if len(out) > MAX_REF_FILE:
-        import hashlib
-        out = "h-" + hashlib.sha256(name.encode()).hexdigest()
-    return out
 
 
 def bundle_config(conf):
@@ -124,59 +99,27 @@ def _mkdir_p(path, mode=0o700):
                          "set GPUSANDBOX_STORE or --store to a writable directory") from None
 
 
-class Store:
+class Store(StoreReader):
+    """The store opened for writing (created 0700 when missing): the read
+    path (storeread.py) plus blobs, images and refs published from tmp/."""
+
     def __init__(self, root, readonly=False):
-        self.root = os.path.abspath(root)
-        self.readonly = readonly
         if not readonly:
-            _mkdir_p(self.root)
-        try:
-            self.fd = os.open(self.root, _DIR)
-        except OSError as e:
-            raise ImageError(f"cannot open the image store {self.root}", e.strerror,
-                             "set GPUSANDBOX_STORE or --store to a directory you own") from None
+            _mkdir_p(os.path.abspath(root))
+        super().__init__(root, readonly)
         if not readonly:
-            st = os.fstat(self.fd)
-            if st.st_uid != os.geteuid():
-                os.close(self.fd)
-                raise ImageError(f"the image store {self.root} belongs to uid {st.st_uid}",
-                                 "a store is written only by its owner",
-                                 "use your own with --store DIR or GPUSANDBOX_STORE")
-            # A store its owner opened to others (a site store being
-            # filled) publishes readable entries; else everything is private.
-            self.shared = bool(stat.S_IMODE(st.st_mode) & 0o055)
-            if self.shared:
-                self._check_nosuid()
             for d in SUBDIRS:
                 try:
                     os.mkdir(d, 0o755 if self.shared and d not in ("tmp", "locks") else 0o700,
                              dir_fd=self.fd)
                 except FileExistsError:
                     pass
-        else:
-            self.shared = True
-            if os.fstat(self.fd).st_uid != os.geteuid():
-                self._check_nosuid()
         self.host = "".join(c if c.isalnum() or c in ".-" else "-"
                             for c in os.uname().nodename[:64])
         self._own = None
         self._n = 0
         self._fetched = []
         self._unpacked = []
-
-    def close(self):
-        os.close(self.fd)
-
-    def _check_nosuid(self):
-        """A store other users read must be on a nosuid filesystem: its
-        images keep their setuid files (as built), which would otherwise be
-        executable with their owner's rights by every host user."""
-        if not os.statvfs(self.root).f_flag & os.ST_NOSUID:
-            os.close(self.fd)
-            raise ImageError(f"the image store {self.root} is shared with other users but its "
-                             "filesystem is not mounted nosuid",
-                             "setuid files in its images would be usable on the host",
-                             "mount it nosuid, or keep the store private (chmod 700)")
 
     def _publish_mode(self, fd, is_dir):
         if self.shared:
@@ -261,22 +204,6 @@ class Store:
 
     # -- blobs ------------------------------------------------------------
 
-    @staticmethod
-    def blob_path(dig):
-        alg, hexpart = digestmod.parse(dig)
-        return f"blobs/{alg}/{hexpart}"
-
-    def has_blob(self, desc):
-        try:
-            st = os.stat(self.blob_path(desc["digest"]), dir_fd=self.fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        return stat.S_ISREG(st.st_mode) and st.st_size == desc["size"]
-
-    def open_blob(self, dig):
-        return os.fdopen(os.open(self.blob_path(dig), os.O_RDONLY | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, dir_fd=self.fd), "rb")
-
     def ensure_blob(self, source, desc, progress=None):
         """The blob in the store, fetched from `source` at most once across
         concurrent pulls; returns True when this call fetched it."""
@@ -327,68 +254,7 @@ class Store:
                 out.write(raw)
         self.ensure_blob(_Bytes(), {"digest": dig, "size": len(raw)})
 
-    def read_blob(self, dig, limit=mf.MAX_DOC):
-        with self.open_blob(dig) as f:
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            raise ImageError(f"blob {dig} is too large to be a manifest or config", None)
-        return data
-
     # -- images -----------------------------------------------------------
-
-    def image_dir(self, dig):
-        return "images/" + digestmod.parse(dig, "manifest digest")[1]
-
-    def has_image(self, dig):
-        try:
-            os.stat(self.image_dir(dig) + "/image.json", dir_fd=self.fd, follow_symlinks=False)
-            return True
-        except FileNotFoundError:
-            return False
-
-    def image_record(self, dig):
-        import json
-        try:
-            return json.loads(self.read_file(self.image_dir(dig) + "/image.json"))
-        except (OSError, ValueError):
-            return None
-
-    def read_file(self, rel, limit=1 << 20):
-        with os.fdopen(os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                               dir_fd=self.fd), "rb") as f:
-            return f.read(limit)
-
-    def bundle(self, dig):
-        """The image as an OCI bundle directory (config.json + rootfs/)."""
-        return f"{self.root}/{self.image_dir(dig)}"
-
-    def touch(self, dig):
-        """Last used: the mtime of images/<hex>/used (one utime, no lock)."""
-        if self.readonly:
-            return
-        try:
-            os.utime(self.image_dir(dig) + "/used", dir_fd=self.fd, follow_symlinks=False)
-        except OSError:
-            pass
-
-    def hold(self, dig):
-        """A shared flock on images/<hex>/used, held (never closed) for the
-        life of the launching process and its sandbox: rmi and prune see the
-        image in use.  Never waits: a reader does not queue behind a writer."""
-        if self.readonly:
-            return None
-        try:
-            fd = os.open(self.image_dir(dig) + "/used", os.O_RDONLY | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, dir_fd=self.fd)
-        except FileNotFoundError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ImageError(f"image {dig[:19]} is being removed (gpusandbox rmi or prune)",
-                             None, "pull it again") from None
-        return fd
 
     def try_exclusive(self, dig):
         """The image's `used` file locked exclusively, or None when a sandbox
@@ -428,75 +294,12 @@ class Store:
             os.fsync(f.fileno())
             os.rename(tmp, "refs/" + escape(name), src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
-    def get_ref(self, name):
-        try:
-            data = self.read_file("refs/" + escape(name), 1 << 16)
-        except OSError:
-            return None
-        rec = runrec.ref_fast(data, name)
-        if rec is None:
-            import json
-            try:
-                rec = json.loads(data)
-            except ValueError:
-                return None
-        if not isinstance(rec, dict) or rec.get("name") != name:
-            return None
-        try:
-            digestmod.validate(rec.get("digest"))
-        except ImageError:
-            return None
-        return rec["digest"]
-
-    def refs(self):
-        """[(name, digest)] of every ref."""
-        import json
-        out = []
-        rfd = os.open("refs", _DIR, dir_fd=self.fd)
-        try:
-            names = os.listdir(rfd)
-        finally:
-            os.close(rfd)
-        for fname in sorted(names):
-            try:
-                rec = json.loads(self.read_file("refs/" + fname, 1 << 16))
-                name, dig = rec["name"], digestmod.validate(rec["digest"])
-            except (OSError, ValueError, KeyError, TypeError, ImageError):
-                continue
-            if escape(name) == fname:
-                out.append((name, dig))
-        return out
-
     def remove_ref(self, name):
         try:
             os.unlink("refs/" + escape(name), dir_fd=self.fd)
             return True
         except FileNotFoundError:
             return False
-
-    def image_digests(self):
-        ifd = os.open("images", _DIR, dir_fd=self.fd)
-        try:
-            names = os.listdir(ifd)
-        finally:
-            os.close(ifd)
-        out = []
-        for n in sorted(names):
-            dig = "sha256:" + n
-            try:
-                digestmod.validate(dig)
-            except ImageError:
-                continue
-            if self.has_image(dig):
-                out.append(dig)
-        return out
-
-    def last_used(self, dig):
-        try:
-            return int(os.stat(self.image_dir(dig) + "/used", dir_fd=self.fd,
-                               follow_symlinks=False).st_mtime)
-        except OSError:
-            return None
 
     # -- removal (storegc.py) ----------------------------------------------
 

@@ -148,7 +148,7 @@ def test_run_of_a_cached_image_imports_neither_json_nor_re(cached):
     for name in ("fast:1", "docker://fast:1"):
         desc, mods = _run(st, name)
         assert mods == "[]", name
-        assert desc == f"{st.bundle(dig)} ['/bin/sh', '-c', 'x'] " \
+        assert desc == f"{st.bundle(dig)}/rootfs ['/bin/sh', '-c', 'x'] " \
             "([('A', '1'), ('P', '/x')], '/srv')"
 
 
