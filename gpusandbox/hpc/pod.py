@@ -223,7 +223,7 @@ class Member:
             raise SandboxError("joining the pod's namespaces", e.strerror, _HINT) from None
         joined.add(k.CLONE_NEWPID)
         own = flags & _OWN_NS
-        pid = k.clone_fork(flags & ~(_OWN_NS | k.CLONE_PARENT), cgroup_fd)
+        pid = k.clone_fork(flags & ~_OWN_NS, cgroup_fd)
         if pid:
             return pid
         try:
