@@ -31,6 +31,21 @@ UCX_MODULES = "/usr/lib/x86_64-linux-gnu/ucx"      # libuct_cma.so: dlopened, no
 EP_CFG = re.compile(r"ep_cfg\[\d+\]: (.*)")
 
 
+def add_mpich_program(image, program, name):
+    """Copy an MPICH program to IMAGE/name with its library closure and UCX's
+    transport modules (dlopened, so not in the closure)."""
+    shutil.copy2(program, os.path.join(image, name))
+    elves = [program]
+    for dirpath, _, names in os.walk(UCX_MODULES):
+        for n in names:
+            if ".so" in n:
+                _copy_in(os.path.join(dirpath, n), image)
+                elves.append(os.path.join(dirpath, n))
+    for lib in {lib for elf in elves for lib in _libs_of(elf)}:
+        _copy_in(lib, image)
+    subprocess.run(["ldconfig", "-r", image], check=True)
+
+
 @pytest.fixture(scope="module")
 def lp_bed(cli, workdir_base):
     missing = [what for what, ok in ((MPICC, shutil.which(MPICC)), (MPICC_MPICH,
@@ -52,16 +67,7 @@ def lp_bed(cli, workdir_base):
             assert r.returncode == 0, r.stderr
         build_image(image, progs["pingpong"])
         os.rename(os.path.join(image, "hello"), os.path.join(image, "pingpong"))
-        shutil.copy2(progs["pingpong-mpich"], os.path.join(image, "pingpong-mpich"))
-        elves = [progs["pingpong-mpich"]]
-        for dirpath, _, names in os.walk(UCX_MODULES):
-            for name in names:
-                if ".so" in name:
-                    _copy_in(os.path.join(dirpath, name), image)
-                    elves.append(os.path.join(dirpath, name))
-        for lib in {lib for elf in elves for lib in _libs_of(elf)}:
-            _copy_in(lib, image)
-        subprocess.run(["ldconfig", "-r", image], check=True)
+        add_mpich_program(image, progs["pingpong-mpich"], "pingpong-mpich")
         sim = os.path.join(base, "sim")
         r = subprocess.run([sys.executable, "-m", "gpusandbox.gpu.sim", "create", sim,
                             "--gpus", "1"], cwd=sf.REPO, capture_output=True, text=True,
