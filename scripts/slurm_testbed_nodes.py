@@ -81,7 +81,7 @@ def make_sim(tb, path):
     os.chmod(path, 0o755)
 
 
-def write_configs(tb, state, nodes, constrain, port):
+def write_configs(tb, state, nodes, constrain, port, proctrack="cgroup"):
     """slurm.conf, gres.conf, cgroup.conf for the fabric and `nodes`."""
     s = state
     lines = "".join(
@@ -108,7 +108,7 @@ SlurmdLogFile={s}/nodes/%n/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig={s}/plugstack.conf
-ProctrackType=proctrack/cgroup
+ProctrackType=proctrack/{proctrack}
 TaskPlugin=task/cgroup
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -161,7 +161,8 @@ def start(tb, a, state, env):
             os.makedirs(os.path.join(state, "nodes", n, d), exist_ok=True)
         os.chmod(os.path.join(state, "nodes", n), 0o755)
         make_sim(tb, os.path.join(state, "nodes", n, "sim"))
-    conf = write_configs(tb, state, nodes, a.constrain_devices == "yes", a.port)
+    conf = write_configs(tb, state, nodes, a.constrain_devices == "yes", a.port,
+                         a.proctrack)
     env["SLURM_CONF"] = conf
     with open(os.path.join(state, "preexisting.cgroups"), "w") as f:
         f.write("\n".join(d for n in nodes for d in tb.slurm_cgroup_dirs(n)))

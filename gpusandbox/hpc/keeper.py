@@ -12,18 +12,21 @@ import os
 from ..linux import mounts as m
 from ..linux import sys as k
 
+_BO = __import__("sys").byteorder
 PROBE_TIMEOUT_MS = 30000     # no rank ever connected (its launcher died first)
 
 
 def start(plan, path, dirfd):
     """Bind the pod's socket at `path` and fork the keeper onto it."""
-    import socket
+    # _socket, not socket.py: its import (enum and more) would cost the first
+    # rank, and the keeper, whom every other rank of the burst waits for.
+    import _socket
     pod = plan.pod
     try:
         os.unlink(path)            # a dead keeper's socket
     except FileNotFoundError:
         pass
-    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    lsock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         lsock.bind(path)
         lsock.listen(128)
@@ -45,7 +48,7 @@ def start(plan, path, dirfd):
 
 
 def _main(pod, lfd, dirfd, real_root):
-    import socket
+    import _socket
     k.set_comm("gpusandbox-pod")
     os.setsid()
     os.chdir("/")          # never pin the first rank's working directory
@@ -59,7 +62,7 @@ def _main(pod, lfd, dirfd, real_root):
             if fd > low:
                 k.syscall("close_range", low, fd - 1, 0)
             low = fd + 1
-    lsock = socket.socket(fileno=lfd)
+    lsock = _socket.socket(fileno=lfd)
     error = None
     ns = []
     procfd = -1
@@ -96,8 +99,9 @@ def _main(pod, lfd, dirfd, real_root):
 
 def _loop(lsock, ns, pod, dirfd, procfd, error):
     import _signal
+    import _socket
     import select
-    import socket
+    from .pod import _recv_fds
     hello = b"P" + repr(pod.idmap).encode()
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     _signal.set_wakeup_fd(wake_w)
@@ -124,13 +128,14 @@ def _loop(lsock, ns, pod, dirfd, procfd, error):
         sweep = False
         for fd, ev in events:
             if fd == lsock.fileno():
-                conn, _ = lsock.accept()
+                conn = _socket.socket(fileno=lsock._accept()[0])
                 if error is not None:
                     conn.sendall(b"E" + error.encode())
                     conn.close()
                     return
                 try:
-                    socket.send_fds(conn, [hello], ns)
+                    conn.sendmsg([hello], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                                            b"".join(fd.to_bytes(4, _BO) for fd in ns))])
                 except OSError:
                     conn.close()
                     continue
@@ -151,7 +156,7 @@ def _loop(lsock, ns, pod, dirfd, procfd, error):
                 sweep = True
             elif fd in conns:
                 try:
-                    msg, fds, _, _ = socket.recv_fds(conns[fd], 16, 4)
+                    msg, fds = _recv_fds(conns[fd], 16, 4)
                 except OSError:
                     msg, fds = b"", []
                 for pfd in fds:

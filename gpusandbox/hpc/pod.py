@@ -12,14 +12,14 @@ meet in a per-(job, step, node) directory under a runtime directory that only
 the caller owns: under its lock, a rank connects to the keeper's socket, or,
 when there is none (or a dead one), binds a new socket and forks a new keeper;
 so N ranks starting at once make exactly one keeper.  The keeper hands each
-rank its namespaces by descriptor; the rank's launcher forks a helper that
-joins them (setns) and clones the rank's init with CLONE_PARENT, so the init is
-the launcher's own child as in an isolated launch (same pidfd supervision,
-same PR_SET_PDEATHSIG).  Each launcher keeps its connection to the keeper
-open for its whole life and sends it the init's pidfd; the keeper kills
-whatever a rank leaves behind when its init exits (the rank's processes then
-become the keeper's children: every init is a child subreaper), and exits,
-taking the pod with it, once the last connection closes.
+rank its namespaces by descriptor; the rank's launcher joins the pod's pid
+namespace (rootless: its user namespace first) and clones the rank's init,
+which joins the rest: the init is the launcher's own child as in an isolated
+launch (same pidfd supervision, same PR_SET_PDEATHSIG).  Each launcher keeps
+its connection to the keeper open for its whole life and sends it the init's
+pidfd; the keeper kills whatever a rank leaves behind when its init exits (the
+rank's processes then become the keeper's children: every init is a child
+subreaper), and exits, taking the pod with it, once the last connection closes.
 
 Never the dangerous mix: a shared user namespace and /dev/shm with separate
 pid namespaces lets a rank's CMA (Open MPI 5's smsc/cma trusts a pid from the
@@ -38,6 +38,8 @@ DEFAULT_SHM = 1 << 30
 NS_ORDER = (("user", k.CLONE_NEWUSER), ("pid", k.CLONE_NEWPID),
             ("ipc", k.CLONE_NEWIPC), ("mnt", k.CLONE_NEWNS))
 PR_SET_CHILD_SUBREAPER = 36
+# What a rank's init makes its own after joining the pod (Member.clone).
+_OWN_NS = k.CLONE_NEWNS | k.CLONE_NEWNET | k.CLONE_NEWCGROUP | k.CLONE_NEWUTS
 _LE = __import__("sys").byteorder == "little"
 _HINT = "pass --share none to run every rank isolated (MPI then needs OMPI_MCA_btl=self,tcp)"
 
@@ -192,39 +194,50 @@ class Member:
         self.ns = ns                # [(fd, CLONE_NEW*)] in NS_ORDER
         self.dirfd = dirfd
 
-    def clone(self, flags, cgroup_fd):
-        """clone_fork's contract (0 in the child, its pid in the caller), the
-        child being in the pod's namespaces and the caller's own child."""
-        r, w = os.pipe2(os.O_CLOEXEC)
-        helper = os.fork()
-        if helper == 0:
-            os.close(r)
+    def clone(self, flags, cgroup_fd, err_w):
+        """clone_fork's contract (0 in the child, its pid in the caller): the
+        child is the caller's own child, in the pod's namespaces, with new
+        ones of its own for `flags`.
+
+        No helper process: setns(CLONE_NEWPID) only sets the namespace of the
+        caller's future children, so the launcher joins the pod's pid
+        namespace itself and clones the init straight into it.  Root may do
+        that from the host's user namespace; a rootless launcher first joins
+        the pod's user namespace (its kernel uid, all the host checks it,
+        stays the same; the pod's capabilities never reach the host's
+        objects).  The init then joins the rest (setns needs a single-threaded
+        process for the user namespace, as both are) and unshares its own
+        mount, network and cgroup namespaces from the pod's."""
+        ns = {nstype: fd for fd, nstype in self.ns}
+        joined = set()
+        try:
             try:
-                for fd, nstype in self.ns:
-                    k.syscall("setns", fd, nstype)
-                pid = k.clone_fork(flags | k.CLONE_PARENT, cgroup_fd)
+                k.syscall("setns", ns[k.CLONE_NEWPID], k.CLONE_NEWPID)
             except OSError as e:
-                os.write(w, b"E%d" % e.errno)
-                os._exit(1)
-            if pid == 0:
-                os.close(w)
-                self.close()
-                return 0
-            os.write(w, b"P%d" % pid)
-            os._exit(0)
-        os.close(w)
-        data = b""
-        while True:
-            chunk = os.read(r, 64)
-            if not chunk:
-                break
-            data += chunk
-        os.close(r)
-        os.waitpid(helper, 0)
-        if data[:1] == b"P":
-            return int(data[1:])
-        err = int(data[1:]) if data[:1] == b"E" else 5
-        raise SandboxError("joining the pod's namespaces", os.strerror(err), _HINT)
+                if e.errno != 1 or k.CLONE_NEWUSER not in ns:
+                    raise
+                k.syscall("setns", ns[k.CLONE_NEWUSER], k.CLONE_NEWUSER)
+                joined.add(k.CLONE_NEWUSER)
+                k.syscall("setns", ns[k.CLONE_NEWPID], k.CLONE_NEWPID)
+        except OSError as e:
+            raise SandboxError("joining the pod's namespaces", e.strerror, _HINT) from None
+        joined.add(k.CLONE_NEWPID)
+        own = flags & _OWN_NS
+        pid = k.clone_fork(flags & ~_OWN_NS, cgroup_fd)
+        if pid:
+            return pid
+        try:
+            for fd, nstype in self.ns:
+                if nstype not in joined:
+                    k.syscall("setns", fd, nstype)
+            if own:
+                k.unshare(own)
+        except OSError as e:
+            from ..stages import channel
+            channel.fail(err_w, 125, "joining the pod's namespaces", e.strerror, _HINT)
+            os._exit(125)
+        self.close()
+        return 0
 
     def register(self, pidfd):
         """Hand the keeper the rank's init, so it cleans up after it."""

@@ -91,7 +91,7 @@ def launch(spec):
             or spec.pause_at == "after-clone"
         try:
             if member:
-                pid = member.clone(plan.clone_flags, cg.dirfd)
+                pid = member.clone(plan.clone_flags, cg.dirfd, err_w)
             else:
                 pid = k.clone_fork(plan.clone_flags, cg.dirfd)
         except OSError as e:

@@ -182,7 +182,7 @@ def _fields(line):
     return out
 
 
-def slurm_testbed(tmp_root, sim_dir, constrain=True):
+def slurm_testbed(tmp_root, sim_dir, constrain=True, proctrack="cgroup"):
     """Start a testbed whose 4 GPUs are sim_dir/dev/nvidia*; see the module docstring.
     tmp_root must be searchable by every user who submits jobs (not a 0700 pytest tmp dir)."""
     if os.geteuid() != 0:
@@ -190,12 +190,13 @@ def slurm_testbed(tmp_root, sim_dir, constrain=True):
     if not os.path.isdir("/sys/fs/cgroup/freezer") or \
             (constrain and not os.path.isdir("/sys/fs/cgroup/devices")):
         raise TestbedUnavailable("task/cgroup here needs cgroup v1 freezer and devices controllers")
-    state = os.path.join(str(tmp_root), f"slurm-{'constrained' if constrain else 'open'}")
+    state = os.path.join(str(tmp_root), f"slurm-{'constrained' if constrain else 'open'}"
+                                        f"{'' if proctrack == 'cgroup' else '-' + proctrack}")
     os.makedirs(state, exist_ok=True)
     port = _free_port_pair()
     r = subprocess.run([sys.executable, TESTBED, "start", "--gpus-dir", str(sim_dir),
                         "--state", state, "--constrain-devices", "yes" if constrain else "no",
-                        "--port", str(port)],
+                        "--port", str(port), "--proctrack", proctrack],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
     if r.returncode:
         raise TestbedUnavailable(f"slurm-testbed start failed: {r.stderr.strip()[-500:]}")
