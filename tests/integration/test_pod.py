@@ -170,10 +170,11 @@ def test_kill9_of_one_launcher_ends_that_rank_only_and_keeper_ends_all(
         assert wait_for(lambda: not _rank_pids(mb) and not _rank_pids(ma), 10)
         assert wait_for(lambda: not _keepers(pidns), 10)
         # The killed keeper left its pod directory; the next new pod removes it.
+        # (A pod that a test running beside this one starts in the same runtime
+        # directory may sweep it first: that is the same sweep.)
         base = "/run/gpusandbox/pods" if mode == "root" else \
             f"/tmp/gpusandbox-{test_user.pw_uid}/pods"
         stale = f"{base}/{pod_env['GPUSANDBOX_POD']}"
-        assert os.path.isdir(stale)
         r = runner.run(["--share", "node", str(rootfs), "true"],
                        env={"GPUSANDBOX_POD": pod_env["GPUSANDBOX_POD"] + "-next"})
         assert r.returncode == 0, r.stderr
