@@ -18,7 +18,7 @@ from gpusandbox.oci.runtime import state as ocistate
 from .conftest import CLI, MODES, VENV
 
 OCI = str(VENV / "bin" / "gpusandbox-oci")
-FAKE_COMM = ("import ctypes, sys, time\n"
+FAKE_COMM = ("import ctypes, time\n"
              "ctypes.CDLL(None).prctl(15, b'a) Z 1 2\\n) S 3', 0, 0, 0)\n"
              "print('named', flush=True)\ntime.sleep(300)\n")
 
@@ -150,7 +150,7 @@ def test_state_of_recorded_processes(mode, tmp, test_user, cli):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_state_through_a_container_lifecycle(mode, tmp, test_user, rootfs):
+def test_state_through_a_container_lifecycle(mode, tmp, test_user, rootfs, cli):
     """A real container: created, running, paused (where the container has a
     cgroup2 leaf to freeze), stopped, and gone after delete."""
     c = Caller(mode, test_user, tmp)
