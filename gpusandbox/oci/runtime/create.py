@@ -203,7 +203,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
 
 
 def _remove_dir(d):
-    for name in ("exec.fifo", "state.json"):
+    for name in state.FILES:
         try:
             os.unlink(os.path.join(d, name))
         except OSError:

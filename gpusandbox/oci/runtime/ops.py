@@ -155,7 +155,7 @@ def delete(root, cid, force, log):
         from . import hooks
         hooks.run(st.get("hooks"), ("poststop",), state.public(st), log, fatal=False)
     d = st["_dir"]
-    for name in ("exec.fifo", "state.json"):
+    for name in state.FILES:
         try:
             os.unlink(os.path.join(d, name))
         except OSError:

@@ -15,6 +15,8 @@ import os
 
 from ...errors import SandboxError
 
+# Removed first on delete: the shell entry answers from it, else falls back.
+FILES = ("state.fast", "exec.fifo", "state.json")
 _ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
 
 
@@ -84,15 +86,47 @@ def load(root, cid):
     return st
 
 
-def save(st):
-    d = st["_dir"]
-    data = json.dumps({k: v for k, v in st.items() if not k.startswith("_")})
-    tmp = os.path.join(d, f".state.json.{os.getpid()}")
+def _write(d, name, data):
+    tmp = os.path.join(d, f".{name}.{os.getpid()}")
     with open(tmp, "w") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.rename(tmp, os.path.join(d, "state.json"))
+    os.rename(tmp, os.path.join(d, name))
+
+
+def save(st):
+    d = st["_dir"]
+    _write(d, "state.json", json.dumps({k: v for k, v in st.items() if not k.startswith("_")}))
+    fast = _fast(st)
+    if fast is not None:
+        _write(d, "state.fast", fast)
+
+
+_S, _P, _MID = "\x00status\x00", "\x00pid\x00", ', "pid": '
+
+
+def _fast(st):
+    """state.fast, which bin/gpusandbox-oci answers `state` from without
+    Python: a magic line, pid, start time and cgroup leaf, then the public
+    object as one ASCII JSON line split around its status and pid (the only
+    values that change).  None (no file: the entry falls back to Python)
+    where a line would not survive the shell's `read`."""
+    pid, start, leaf = st.get("pid") or 0, st.get("start_time"), st.get("cgroup") or ""
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(start, int) \
+            or not isinstance(leaf, str) or not leaf.isascii() or "\n" in leaf:
+        return None
+    obj = public(st)
+    obj["status"], obj["pid"] = _S, _P
+    text = json.dumps(obj)    # ensure_ascii: no newline, no NUL in the line
+    s, p = json.dumps(_S), json.dumps(_P)
+    # ociVersion and the checked id precede status: its first match is it.
+    i = text.index(s)
+    j = i + len(s)
+    if text[j:j + len(_MID) + len(p)] != _MID + p:
+        return None
+    head, tail = text[:i] + '"', text[j + len(_MID) + len(p):]
+    return f"gsbx-state-fast 1\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n"
 
 
 def alive(st):
