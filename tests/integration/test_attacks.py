@@ -389,15 +389,17 @@ def test_kill_9_at_each_stage(runner, rootfs, stage):
     assert f"paused at {stage}" in line, line
     os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=10)
-    assert wait_for(lambda: not pids_with("555.5") and not init_pids_paused())
+    assert wait_for(lambda: not pids_with("555.5") and not init_pids_paused("555.5"))
     assert host_mounts() == mounts
     # The next launch removes a leaf the dead launcher left.
     runner.run([str(rootfs), "true"])
     assert wait_for(lambda: cgroup_leaves() <= cg_before)
 
 
-def init_pids_paused():
-    return [p for p in pids_with("gpusandbox") if _comm(p) == "gpusandbox-init"]
+def init_pids_paused(marker):
+    """This launch's init (a fork of its launcher: the launcher's command line,
+    renamed gpusandbox-init), not the inits of launches running beside it."""
+    return [p for p in pids_with(marker) if _comm(p) == "gpusandbox-init"]
 
 
 def _comm(pid):
