@@ -262,14 +262,17 @@ def test_scancel_reaches_the_command_and_leaves_nothing(tb, rootfs, tmp_path):
 
 def test_srun_interrupt_tears_the_sandbox_down(tb, rootfs, tmp_path):
     # Two Ctrl-C within a second make srun cancel the step (Slurm kills every task process).
-    argv = sandbox(tb, rootfs, "sh", "-c", "echo ready > /out/ready; exec sleep 300", gpus=False,
-                   opts=["-v", f"{tmp_path}:/out"])
+    # A duration of this test's own: other tests (and this one's other
+    # parameter) run `sleep`s beside it.
+    dur = f"300.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
+    argv = sandbox(tb, rootfs, "sh", "-c", f"echo ready > /out/ready; exec sleep {dur}",
+                   gpus=False, opts=["-v", f"{tmp_path}:/out"])
     p = tb.srun_bg(argv)
     end = time.monotonic() + 30
     while not (tmp_path / "ready").exists():
         assert time.monotonic() < end and p.poll() is None, p.stderr.read() if p.poll() else ""
         time.sleep(0.05)
-    sleeps = _pids_with_cmdline(b"sleep\x00300\x00")
+    sleeps = _pids_with_cmdline(b"sleep\x00" + dur.encode() + b"\x00")
     p.send_signal(signal.SIGINT)
     time.sleep(0.2)
     p.send_signal(signal.SIGINT)
