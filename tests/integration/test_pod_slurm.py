@@ -87,8 +87,14 @@ def test_two_ranks_use_shared_memory_and_cma(pod_bed, mode, test_user):
 
 def test_multi_task_step_is_one_pod_by_default_and_each_exit_code_reaches_srun(pod_bed,
                                                                              test_user):
+    # Each rank waits (up to 20 s) until both have marked the pod's /dev/shm:
+    # a rank that ends at once would let the keeper go before a slow second
+    # rank arrives, and that rank would rightly start a new pod.  Ranks in two
+    # pods never see each other's mark, so the namespace check still fails.
+    wait_both = ('touch /dev/shm/rank$SLURM_PROCID; i=0; while set -- /dev/shm/rank*; '
+                 '[ $# -lt 2 ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i + 1)); done; ')
     r = pod_bed.srun(["--ntasks=2", "--label", pod_bed.cli, "run", pod_bed.image, "/bin/sh",
-                      "-c", "readlink /proc/self/ns/pid; exit $((3 + SLURM_PROCID))"],
+                      "-c", wait_both + "readlink /proc/self/ns/pid; exit $((3 + SLURM_PROCID))"],
                      user=test_user, timeout=60)
     assert r.returncode == 4, r.stdout + r.stderr
     ns = {line.split(": ", 1)[1] for line in r.stdout.splitlines() if "pid:[" in line}
