@@ -530,23 +530,11 @@ def _cache_store(entry, data, arch, prog):
     """Write atomically (a private temporary file renamed over the entry);
     a failure only costs the next launch a compile."""
     import zlib
+
+    from . import fsutil
     ctx = _context(arch)
     blob = _HDR.pack(_MAGIC, len(ctx), len(data), len(prog), zlib.crc32(prog)) + ctx + data + prog
-    tmp = f"{entry}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.replace(tmp, entry)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    fsutil.write_atomic(entry, blob, 0o600, best_effort=True)
 
 
 # --- install -----------------------------------------------------------------------
