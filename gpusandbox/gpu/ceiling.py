@@ -161,24 +161,12 @@ def _cache_get(key):
 def _cache_put(key, value):
     """Write atomically (a temporary file renamed over the entry); a failure
     only costs the next launch a helper."""
-    import os
+    from gpusandbox.linux import fsutil
     entry = _cache_file(key, create=True) if key is not None else None
     if entry is None:
         return
-    tmp = f"{entry}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
-        try:
-            os.write(fd, f"{key}\n{value[0]}.{value[1]}\n".encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, entry)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+    fsutil.write_atomic(entry, f"{key}\n{value[0]}.{value[1]}\n".encode(), 0o644,
+                        best_effort=True)
 
 
 def mig_uuids(host):

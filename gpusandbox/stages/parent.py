@@ -84,51 +84,10 @@ def launch(spec):
     child = None
     try:
         channel.pause_point(plan, "after-cgroup")
-        go_r, go_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
         v1_join = bool(cg.dirfd < 0 and cg.path)
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join \
             or spec.pause_at == "after-clone"
-        try:
-            if member:
-                pid = member.clone(plan.clone_flags, cg.dirfd, err_w)
-            else:
-                pid = k.clone_fork(plan.clone_flags, cg.dirfd)
-        except OSError as e:
-            raise _clone_error(e, plan) from None
-        if pid == 0:
-            # init never execs, so O_CLOEXEC does not apply: close the launcher's
-            # cgroup and BPF program fds or init would hold them for its lifetime.
-            for fd in cg.fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            os.close(go_w)
-            os.close(err_r)
-            if tty:
-                tty[0].close()
-            # The child must never return into the launcher's code (its
-            # finally blocks would tear down the cgroup from inside).
-            try:
-                init.run(plan, go_r, err_w, tty[1] if tty else None, wait)
-            finally:
-                os._exit(125)
-        try:
-            child = _Child(pid)
-        except OSError:
-            os.kill(pid, 9)      # not yet waited for: the number is still ours
-            os.waitpid(pid, 0)
-            raise
-        if member:
-            member.register(child.fd)
-        os.close(go_r)
-        os.close(err_w)
-        # The image root is init's from here on: the launcher holds no
-        # descriptor of the image while the sandbox runs.
-        os.close(plan.rootfd)
-        if tty:
-            tty[1].close()
+        pid, child, go_w, err_r = spawn_init(plan, cg, tty, wait, member, hold=True)
         _write_maps(plan, pid)
         if v1_join:
             # cgroup v1 fallback: clone3 cannot join a v1 cgroup, so join by pid
@@ -160,6 +119,68 @@ def launch(spec):
             for note in cg.notes[seen:]:
                 _say(note)
     return status
+
+
+def spawn_init(plan, cg, tty, wait, member=None, hold=False):
+    """Clone init into the cgroup leaf and start it on the plan; the launcher
+    keeps the write end of the "go" pipe and the read end of the error
+    channel, and gives up the image root and init's side of the terminal pair.
+    Returns (pid, child, go_w, err_r): child is a _Child holding init's pidfd
+    when hold, else None (a detached launcher leaves init to its caller)."""
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        if member:
+            pid = member.clone(plan.clone_flags, cg.dirfd, err_w)
+        else:
+            pid = k.clone_fork(plan.clone_flags, cg.dirfd)
+    except OSError as e:
+        raise _clone_error(e, plan) from None
+    if pid == 0:
+        # init never execs, so O_CLOEXEC does not apply: close the launcher's
+        # cgroup and BPF program fds or init would hold them for its lifetime.
+        for fd in cg.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        os.close(go_w)
+        os.close(err_r)
+        if tty:
+            tty[0].close()
+        # The child must never return into the launcher's code (its
+        # finally blocks would tear down the cgroup from inside).
+        try:
+            init.run(plan, go_r, err_w, tty[1] if tty else None, wait)
+        finally:
+            os._exit(125)
+    child = None
+    if hold:
+        # The pidfd right after the clone, before anything else can fail: from
+        # here on init is only ever signalled through it.
+        try:
+            child = _Child(pid)
+        except OSError:
+            os.kill(pid, 9)      # not yet waited for: the number is still ours
+            os.waitpid(pid, 0)
+            raise
+    try:
+        if member:
+            member.register(child.fd)
+        os.close(go_r)
+        os.close(err_w)
+        # The image root is init's from here on: the launcher holds no
+        # descriptor of the image while the sandbox runs.
+        os.close(plan.rootfd)
+        if tty:
+            tty[1].close()
+    except BaseException:
+        # The caller has no handle on init yet: kill it here, as the
+        # caller's teardown would have.
+        if child is not None:
+            child.kill_and_reap()
+        raise
+    return pid, child, go_w, err_r
 
 
 class _Child:

@@ -12,6 +12,7 @@ consumer does them natively; other runtimes run the binary).
 import os
 
 from gpusandbox.errors import UsageError
+from gpusandbox.linux import fsutil
 from gpusandbox.oci.cdi.spec import LOWEST, VERSIONS, validate, vkey
 
 STRATEGIES = ("index", "uuid", "type-index")
@@ -179,19 +180,5 @@ def write(doc, out, fmt):
     data = dump(doc, fmt).encode()
     d = os.path.dirname(os.path.abspath(out))
     tmp = os.path.join(d, f".{os.path.basename(out)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-    try:
-        os.fchmod(fd, 0o644)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-        os.close(fd)
-        os.rename(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    fsutil.write_atomic(out, data, 0o644, tmp=tmp, fsync=True, chmod=True)
     return out

@@ -19,7 +19,7 @@ from ... import plan as planmod
 from ...errors import SandboxError
 from ...linux import cgroup
 from ...linux import sys as k
-from ...stages import channel, init, parent
+from ...stages import channel, parent
 from ...stages.ocisetup import READY
 from .. import config as ociconfig
 from . import state
@@ -129,34 +129,10 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         for w in cg.warnings:
             log.warn(w)
         plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
-        go_r, go_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
         v1_join = bool(cg.dirfd < 0 and cg.path)
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join
-        try:
-            pid = k.clone_fork(plan.clone_flags, cg.dirfd)
-        except OSError as e:
-            raise parent._clone_error(e, plan) from None
-        if pid == 0:
-            for fd in cg.fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            os.close(go_w)
-            os.close(err_r)
-            if tty:
-                tty[0].close()
-            try:
-                init.run(plan, go_r, err_w, tty[1] if tty else None, wait)
-            finally:
-                os._exit(125)
+        pid, _, go_w, err_r = parent.spawn_init(plan, cg, tty, wait)
         child = pid
-        os.close(go_r)
-        os.close(err_w)
-        os.close(plan.rootfd)
-        if tty:
-            tty[1].close()
         parent._write_maps(plan, pid)
         if v1_join:
             cg.join(pid)
