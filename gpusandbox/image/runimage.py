@@ -9,7 +9,7 @@ import os
 import sys
 
 from . import ref as refmod
-from . import runrec
+from . import storeread
 from .digest import ImageError
 from .storeread import StoreReader, default_root
 
@@ -108,7 +108,7 @@ def prepare(spec):
     # launcher (and the sandbox it waits for) lives.
     st.hold(dig)
     conf = _run_config(st, dig)
-    runrec.check_platform(conf, platform or runrec.host_platform(), platform is not None)
+    storeread.check_platform(conf, platform or storeread.host_platform(), platform is not None)
     # The rootfs opened relative to the store's fd (no path is resolved
     # again): the plan takes this fd as the root, and spec.image only shows.
     spec.image_fd = os.open(st.image_dir(dig) + "/rootfs", os.O_PATH | os.O_DIRECTORY
@@ -117,7 +117,7 @@ def prepare(spec):
     # The plan takes Env and WorkingDir from here rather than parsing the
     # bundle's config.json again (which says the same: both come from conf).
     spec.image_env = (list(conf.env), conf.workdir or "/")
-    spec.argv = runrec.command(conf, spec.argv, spec.entrypoint)
+    spec.argv = storeread.command(conf, spec.argv, spec.entrypoint)
     if not spec.argv:
         raise ImageError(f"no command to run in {ref.canonical()}",
                          "the image has no Entrypoint or Cmd",
@@ -129,12 +129,12 @@ def prepare(spec):
 
 
 def _run_config(st, dig):
-    """The image's config for `run`: its run record (runrec.py, no JSON),
-    or the config blob parsed when the record is missing or unreadable
-    (an image pulled before records existed)."""
+    """The image's config for `run`: its run record (runrec.py's format,
+    read by storeread.load: no JSON), or the config blob parsed when the
+    record is missing or unreadable (an image pulled before records existed)."""
     try:
-        conf = runrec.load(st.read_file(st.image_dir(dig) + "/" + runrec.NAME,
-                                        runrec.MAX_FILE + 1))
+        conf = storeread.load(st.read_file(st.image_dir(dig) + "/" + storeread.NAME,
+                                           storeread.MAX_FILE + 1))
     except OSError:
         conf = None
     if conf is not None:

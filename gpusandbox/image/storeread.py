@@ -9,7 +9,11 @@ writing, publishing, locks and staging on top of this class).
 Every read is relative to the store's directory fd, with O_NOFOLLOW on the
 last component and a bounded length: a store is data (a site store is
 another user's), and what comes out of it is checked again by its caller
-(runrec.load, digest.validate).  Opening a store creates nothing."""
+(load, digest.validate).  Opening a store creates nothing.
+
+The run record's reader, the platform check and the Entrypoint/Cmd rule
+are here too (runrec.py writes the record and re-exports them): a cached
+`run` loads this module, not one more."""
 import os
 import stat
 
@@ -87,9 +91,20 @@ class StoreReader:
                              "mount it nosuid, or keep the store private (chmod 700)")
 
     def read_file(self, rel, limit=1 << 20):
-        with os.fdopen(os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                               dir_fd=self.fd), "rb") as f:
-            return f.read(limit)
+        """At most `limit` bytes of a file of the store, read on the raw fd
+        (no buffered file object: a cached `run` reads two small files)."""
+        fd = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            chunks, left = [], limit
+            while left > 0:
+                b = os.read(fd, min(left, 1 << 16))
+                if not b:
+                    break
+                chunks.append(b)
+                left -= len(b)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
     # -- blobs ------------------------------------------------------------
 
@@ -202,7 +217,6 @@ class StoreReader:
             data = self.read_file("refs/" + escape(name), 1 << 16)
         except OSError:
             return None
-        from .runrec import ref_fast
         rec = ref_fast(data, name)
         if rec is None:
             import json
@@ -236,3 +250,133 @@ class StoreReader:
             if escape(name) == fname:
                 out.append((name, dig))
         return out
+
+
+# -- the run record (images/<hex>/run.rec; see runrec.py for the format) --
+
+MAGIC = "gsbx-run-1"
+NAME = "run.rec"
+MAX_FILE = 8 << 20          # a config is at most 4 MiB (manifest.MAX_DOC)
+MAX_ITEMS = 4096            # as config.MAX_ITEMS
+MAX_STR = 1 << 16           # as config.MAX_STR
+
+
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x",
+         "armv7l": "arm", "i686": "386", "riscv64": "riscv64"}
+
+
+def host_platform():
+    arch = os.uname().machine
+    return {"os": "linux", "architecture": _ARCH.get(arch, arch),
+            "variant": "v8" if arch == "aarch64" else None}
+
+
+def check_platform(c, want, asked):
+    """Refuse an image of another OS or architecture than `want` unless the
+    user asked for that platform (--platform); an image that omits them is
+    taken as it is."""
+    if c.os and c.os != want["os"] or \
+            c.architecture and c.architecture != want["architecture"]:
+        from .manifest import format_platform
+        got = format_platform(c.platform())
+        if asked:
+            raise ImageError(f"the image is for {got}, not the {format_platform(want)} "
+                             "asked for with --platform", None)
+        raise ImageError(f"the image is for {got}; this host runs "
+                         f"{format_platform(want)}", None,
+                         f"to run it anyway (emulated), pass --platform {got}")
+
+
+def command(c, argv, entrypoint):
+    """argv of the run: docker's Entrypoint/Cmd rules.  `entrypoint` is the
+    --entrypoint value (None when not given; '' clears it)."""
+    if entrypoint is not None:
+        ep = [entrypoint] if entrypoint else []
+        return ep + list(argv)
+    ep = c.entrypoint or []
+    return ep + (list(argv) if argv else (c.cmd or []))
+
+
+class RunConfig:
+    """The fields of an ImageConfig that `run` uses (config.command,
+    config.check_platform, config.resolve_user accept it)."""
+    __slots__ = ("config", "os", "architecture", "variant", "user", "workdir",
+                 "entrypoint", "cmd", "env")
+
+    def platform(self):
+        return {"os": self.os, "architecture": self.architecture, "variant": self.variant}
+
+
+def load(data):
+    """A RunConfig of record bytes, or None when they are not exactly a
+    record this module writes."""
+    if not isinstance(data, bytes) or len(data) > MAX_FILE or not data.endswith(b"\0"):
+        return None
+    try:
+        fields = data[:-1].decode("utf-8").split("\0")
+    except UnicodeDecodeError:
+        return None
+    it = iter(fields)
+    try:
+        if next(it) != MAGIC:
+            return None
+        r = RunConfig()
+        r.config = digestmod.validate(next(it))
+        r.os, r.architecture, r.variant, r.user, r.workdir = (_opt(it) for _ in range(5))
+        r.entrypoint, r.cmd, env = _list(it), _list(it), _list(it)
+        if next(it, None) is not None or r.os is None or r.architecture is None \
+                or env is None:
+            return None
+    except (StopIteration, ValueError, ImageError):
+        return None
+    if r.user is not None and (not r.user or len(r.user) > 256):
+        return None
+    if r.workdir is not None:
+        from ..imageroot import container_path
+        if not r.workdir.startswith("/") or container_path(r.workdir) != r.workdir:
+            return None
+    r.env = []
+    for item in env:
+        key, eq, val = item.partition("=")
+        if not eq or not key or not all(ch.isascii() and (ch.isalnum() or ch == "_")
+                                        for ch in key):
+            return None
+        r.env.append((key, val))
+    return r
+
+
+def _opt(it):
+    f = next(it)
+    if f == "-":
+        return None
+    if not f.startswith("=") or len(f) > MAX_STR + 1:
+        raise ValueError(f)
+    return f[1:]
+
+
+def _list(it):
+    f = next(it)
+    if f == "-":
+        return None
+    if not (f.isascii() and f.isdigit() and len(f) <= 5) or int(f) > MAX_ITEMS:
+        raise ValueError(f)
+    out = [next(it) for _ in range(int(f))]
+    if any(len(x) > MAX_STR for x in out):
+        raise ValueError("too long")
+    return out
+
+
+def ref_fast(data, name):
+    """The ref record set_ref writes, read without the json module when its
+    bytes are exactly what json.dumps gives for a name of plain printable
+    ASCII (every validated reference is): {"name": "N", "digest": "D"}.
+    None means "not that exact form": the caller parses it as JSON."""
+    if not name.isascii() or not name.isprintable() or '"' in name or "\\" in name:
+        return None
+    head = b'{"name": "' + name.encode() + b'", "digest": "'
+    if not data.startswith(head) or not data.endswith(b'"}'):
+        return None
+    dig = data[len(head):-2]
+    if not dig.isascii() or b'"' in dig or b"\\" in dig:
+        return None
+    return {"name": name, "digest": dig.decode()}
