@@ -3,6 +3,7 @@ gpusandbox/oci/config.py): the config's own mounts and sysctls, and the
 wait for `start` on the exec fifo.  Everything else an OCI container gets
 is the ordinary init of stages/init.py.
 """
+import errno
 import os
 
 from ..linux import mounts as m
@@ -71,11 +72,45 @@ def wait_start(plan, err_w, src):
     os.dup2(2, err_w, inheritable=False)
     channel.PLAIN.append(True)
     fifo = src["fifo"]
-    fd = os.open(f"/proc/self/fd/{fifo}", os.O_WRONLY | os.O_CLOEXEC)
+    fd = _open_for_start(fifo)
     os.write(fd, b"0")
     os.close(fd)
     os.close(fifo)
     return err_w
+
+
+_IN_ATTRIB, _IN_OPEN = 0x04, 0x20
+
+
+def _open_for_start(fifo):
+    """The fifo's write end, once `start` has opened its read end.  A fifo
+    unlinked first means the container can never be started: `delete`, or
+    its state directory removed (a tmpfs runroot wiped, a caller that lost
+    it); the init then ends instead of waiting forever, and the emptied
+    cgroup leaf goes with the next create's stale cleanup.  inotify wakes the
+    wait on both events (IN_OPEN of the read end, IN_ATTRIB when the link
+    count drops; a failed open of our own raises no event), so it neither
+    polls nor delays `start`."""
+    path = f"/proc/self/fd/{fifo}"
+    ino = k.libc.inotify_init1(os.O_CLOEXEC)
+    if ino < 0 or k.libc.inotify_add_watch(ino, path.encode(), _IN_OPEN | _IN_ATTRIB) < 0:
+        if ino >= 0:
+            os.close(ino)
+        return os.open(path, os.O_WRONLY | os.O_CLOEXEC)     # block as runc does
+    try:
+        while True:
+            # Watch first, then try: a reader arriving in between leaves an
+            # event behind, so the read below returns at once.
+            try:
+                return os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+            if os.fstat(fifo).st_nlink == 0:
+                os._exit(0)
+            os.read(ino, 4096)
+    finally:
+        os.close(ino)
 
 
 def before_exec(plan):

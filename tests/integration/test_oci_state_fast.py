@@ -199,3 +199,52 @@ def test_state_through_a_container_lifecycle(mode, tmp, test_user, rootfs, cli):
     assert r.returncode == 0, r.stderr
     c.same(g, "L1", fast_path=False)
     assert os.listdir(root) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_created_container_ends_when_its_state_is_removed(mode, tmp, test_user, rootfs, cli):
+    """A created container whose state directory goes without `delete` (a
+    wiped runroot, a caller that lost it) can never be started: its init ends
+    instead of waiting on the exec fifo forever, and the next create removes
+    the emptied cgroup leaf."""
+    c = Caller(mode, test_user, tmp)
+    conf = {"ociVersion": "1.0.2",
+            "process": {"args": ["true"], "cwd": "/", "user": {"uid": 0, "gid": 0},
+                        "env": ["PATH=/usr/bin:/bin"]},
+            "root": {"path": str(rootfs), "readonly": True},
+            "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount")]}}
+    if mode == "rootless":
+        conf["linux"]["namespaces"].append({"type": "user"})
+        conf["linux"]["uidMappings"] = [{"containerID": 0, "hostID": test_user.pw_uid, "size": 1}]
+        conf["linux"]["gidMappings"] = [{"containerID": 0, "hostID": test_user.pw_gid, "size": 1}]
+    (tmp / "bundle" / "config.json").write_text(json.dumps(conf))
+    root = tmp / "root" / "s"
+    g = ["--root", str(root)]
+
+    def create(cid):
+        with open(tmp / f"{cid}.err", "w+") as err:
+            r = subprocess.run(_as(mode, test_user, [OCI, *g, "create", "--bundle",
+                                                     str(tmp / "bundle"), cid], c.env),
+                               stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=c.env,
+                               cwd="/", timeout=60)
+            err.seek(0)
+            assert r.returncode == 0, err.read()
+        return json.loads(c.run([CLI, "oci", *g, "state", cid]).stdout)["pid"]
+
+    pid = create("R1")
+    with open(root / "R1" / "state.json") as f:
+        leaf = json.load(f).get("cgroup")
+    shutil.rmtree(root / "R1")
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = os.path.exists(f"/proc/{pid}")
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the init of a deleted created container kept waiting"
+    create("R2")
+    try:
+        if leaf:
+            assert not os.path.exists(leaf), f"{leaf} outlived its init"
+    finally:
+        assert c.run([OCI, *g, "delete", "--force", "R2"]).returncode == 0
