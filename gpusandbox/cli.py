@@ -8,7 +8,7 @@ import os
 import sys
 
 from .errors import SandboxError, UsageError, EXIT_LAUNCHER, message
-from .spec import Bind, RunSpec
+from .spec import Bind, RunSpec, names_squashfs
 
 RUN_HELP = """usage: gpusandbox run [options] IMAGE [--] [CMD [ARG...]]
 
@@ -177,7 +177,7 @@ def is_image_ref(text):
         return True
     if not text or text.startswith(("/", ".")) or os.path.isdir(text):
         return False
-    if text.endswith((".sqsh", ".squashfs")) and os.path.lexists(text):
+    if names_squashfs(text) and os.path.lexists(text):
         return False  # a squashfs image file (image/squash.py), named relatively
     return text.isascii() and all(c.isalnum() or c in "._-/:@" for c in text)
 
@@ -255,7 +255,7 @@ def parse_run_args(argv):
     if rest and rest[0] == "--":
         rest = rest[1:]
     # A squashfs file may carry its image config (the command among it).
-    if not rest and not spec.image_ref and not spec.image.endswith((".sqsh", ".squashfs")):
+    if not rest and not spec.image_ref and not names_squashfs(spec.image):
         _bad("missing command", None, "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
     spec.argv = rest
     if spec.workdir is not None and not spec.workdir.startswith("/"):
@@ -287,7 +287,7 @@ def main_run(argv):
             from .image.runimage import prepare
             prepare(spec)
         elif (spec.entrypoint is not None or spec.platform is not None) and \
-                not spec.image.endswith((".sqsh", ".squashfs")):
+                not names_squashfs(spec.image):
             _bad("--entrypoint and --platform apply to image references", None,
                  "IMAGE_DIR is a directory: give the command after it")
         from .stages.parent import launch

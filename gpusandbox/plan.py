@@ -11,6 +11,7 @@ from .edits import ContainerEdits
 from .errors import SandboxError, UsageError
 from .imageroot import container_path, image_root, root_identity
 from .linux import sys as k
+from .spec import names_squashfs
 
 STD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 # runc's masked and read-only /proc and /sys paths (facts from its defaults).
@@ -375,7 +376,7 @@ def _devices(plan, spec):
 def build(spec, host_env=None):
     host_env = os.environ if host_env is None else host_env
     plan = LaunchPlan(spec)
-    squash = spec.image.endswith((".sqsh", ".squashfs"))
+    squash = names_squashfs(spec.image)
     if not squash:
         plan.rootfs, plan.rootfd, config = image_root(spec.image, spec.image_fd)
         plan.root_id = root_identity(plan.rootfd, plan.rootfs)

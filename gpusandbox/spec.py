@@ -2,6 +2,15 @@
 checked against the host.  Plain __slots__ classes: built on every launch,
 where attrs' import cost (~20 ms) would double the launcher's own time."""
 
+# IMAGE given as one squashfs file (image/squash.py) is known by its name.
+SQUASHFS_SUFFIXES = (".sqsh", ".squashfs")
+
+
+def names_squashfs(image):
+    """Whether IMAGE's name marks a squashfs file (FILE.sqsh, FILE.squashfs);
+    a string check only: the caller decides what a directory of that name is."""
+    return image.endswith(SQUASHFS_SUFFIXES)
+
 
 class Bind:
     __slots__ = ("src", "dst", "rw", "kind")

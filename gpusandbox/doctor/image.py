@@ -3,6 +3,7 @@ import os
 
 from gpusandbox.errors import GpuError, SandboxError
 from gpusandbox.linux import sys as lsys
+from gpusandbox.spec import names_squashfs
 
 from .common import FAIL, PASS, WARN, Check
 
@@ -55,7 +56,7 @@ def _libc(root):
 def check_image(opts, host, ceiling, sel):
     """Returns (checks, facts) where facts has rootfs, env, sh, python3 (or None)."""
     out = []
-    if opts.image.endswith((".sqsh", ".squashfs")) and not os.path.isdir(opts.image):
+    if names_squashfs(opts.image) and not os.path.isdir(opts.image):
         from .sqsh import mounted
         try:
             with mounted(opts.image, opts.userns) as (root, env):

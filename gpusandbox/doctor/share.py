@@ -1,5 +1,7 @@
 """Doctor section "sharing": the GPU sharing tiers this host offers and the
 image's forward-compatibility libraries (docs/sharing.md)."""
+from gpusandbox.spec import names_squashfs
+
 from .common import PASS, WARN, Check
 
 
@@ -27,7 +29,7 @@ def _compat(compat, opts, host, sel):
     through its read-only mount, as run reads it (doctor/sqsh.py), a store
     image in its store."""
     import os
-    if opts.image.endswith((".sqsh", ".squashfs")) and not os.path.isdir(opts.image):
+    if names_squashfs(opts.image) and not os.path.isdir(opts.image):
         from .sqsh import mounted
         with mounted(opts.image, opts.userns) as (root, _env):
             return compat.for_launch("auto", root, host, sel, [])

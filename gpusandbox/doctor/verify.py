@@ -2,6 +2,8 @@
 import os
 import sys
 
+from gpusandbox.spec import names_squashfs
+
 from .common import FAIL, PASS, WARN, Check
 from .driver import gpu_listing
 
@@ -22,7 +24,7 @@ def _sandbox(opts, facts, cmd, timeout=120):
         argv += ["--dev-root", opts.dev_root]
     if opts.userns != "auto":
         argv += ["--userns", opts.userns]
-    if opts.image.endswith((".sqsh", ".squashfs")) and not os.path.isdir(opts.image) or \
+    if names_squashfs(opts.image) and not os.path.isdir(opts.image) or \
             not opts.image.startswith("/"):     # a store image (doctor/storeimage.py)
         # The probe is the command, not arguments to the image's Entrypoint.
         argv += ["--entrypoint", ""]
