@@ -324,8 +324,9 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     missing = inject.warning(inject.plan(host, sel))
     if missing:
         plan.warnings.append(missing)
-    if spec.gpu_visibility == "step" and gpuvis.cuda_order(sel):
-        edits.env["CUDA_VISIBLE_DEVICES"] = gpuvis.cuda_order(sel)
+    order = gpuvis.cuda_order(sel) if spec.gpu_visibility == "step" else None
+    if order:
+        edits.env["CUDA_VISIBLE_DEVICES"] = order
     plan.edits.extend(edits)
     plan.device_rules = inject.device_rules(host, sel)
     return edits.env
