@@ -129,21 +129,23 @@ def spawn_init(plan, cg, tty, wait, member=None, hold=False):
     when hold, else None (a detached launcher leaves init to its caller)."""
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    # init's ends, closed here once init holds them; every failure below
+    # closes what is still open (a pod member's launcher lives on after it).
+    ends = [go_r, err_w]
     try:
         if member:
             pid = member.clone(plan.clone_flags, cg.dirfd, err_w)
         else:
             pid = k.clone_fork(plan.clone_flags, cg.dirfd)
-    except OSError as e:
-        raise _clone_error(e, plan) from None
+    except BaseException as e:
+        _close_fds(ends + [go_w, err_r])
+        if isinstance(e, OSError):
+            raise _clone_error(e, plan) from None
+        raise
     if pid == 0:
         # init never execs, so O_CLOEXEC does not apply: close the launcher's
         # cgroup and BPF program fds or init would hold them for its lifetime.
-        for fd in cg.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_fds(cg.fds)
         os.close(go_w)
         os.close(err_r)
         if tty:
@@ -155,20 +157,20 @@ def spawn_init(plan, cg, tty, wait, member=None, hold=False):
         finally:
             os._exit(125)
     child = None
-    if hold:
-        # The pidfd right after the clone, before anything else can fail: from
-        # here on init is only ever signalled through it.
-        try:
-            child = _Child(pid)
-        except OSError:
-            os.kill(pid, 9)      # not yet waited for: the number is still ours
-            os.waitpid(pid, 0)
-            raise
     try:
+        if hold:
+            # The pidfd right after the clone, before anything else can fail:
+            # from here on init is only ever signalled through it.
+            try:
+                child = _Child(pid)
+            except OSError:
+                os.kill(pid, 9)      # not yet waited for: the number is still ours
+                os.waitpid(pid, 0)
+                raise
         if member:
             member.register(child.fd)
-        os.close(go_r)
-        os.close(err_w)
+        while ends:
+            os.close(ends.pop())     # popped first: close releases the fd even when it fails
         # The image root is init's from here on: the launcher holds no
         # descriptor of the image while the sandbox runs.
         os.close(plan.rootfd)
@@ -179,8 +181,17 @@ def spawn_init(plan, cg, tty, wait, member=None, hold=False):
         # caller's teardown would have.
         if child is not None:
             child.kill_and_reap()
+        _close_fds(ends + [go_w, err_r])
         raise
     return pid, child, go_w, err_r
+
+
+def _close_fds(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 class _Child:
