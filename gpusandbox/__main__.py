@@ -70,7 +70,7 @@ def main(argv=None):
     if cmd == "cdi":
         return _report_cmd("gpusandbox.oci.cdi.cli", "main", rest)
     if cmd == "sim":
-        return _report_cmd("gpusandbox.gpu.sim", "main", rest)
+        return _report_cmd("gpusandbox.sim.cli", "main", rest)
     if cmd == "hook":
         return _report_cmd("gpusandbox.oci.hook", "main", rest)
     if cmd == "oci-filter":

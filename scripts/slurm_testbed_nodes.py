@@ -71,7 +71,7 @@ def nsrun(tb, pid, flags, *argv):
 def make_sim(tb, path):
     if os.path.isdir(os.path.join(path, "dev")):
         return
-    r = subprocess.run([sys.executable, "-m", "gpusandbox.gpu.sim", "create", path,
+    r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", path,
                         "--gpus", str(GPUS_PER_NODE)], cwd=REPO,
                        env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True, timeout=120)

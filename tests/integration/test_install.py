@@ -47,7 +47,7 @@ def test_regular_install_is_quiet_and_can_create_a_sim_host(source_copy, tmp_pat
     warnings = [ln for ln in out.splitlines() if re.search(r"warn", ln, re.I)]
     assert not warnings, "\n".join(warnings)
     site = next((venv / "lib").glob("python3*/site-packages"))
-    assert (site / "gpusandbox" / "gpu" / "simsrc" / "simcommon.c").is_file()
+    assert (site / "gpusandbox" / "sim" / "src" / "simcommon.c").is_file()
     host = tmp_path / "sim"
     r = subprocess.run([str(venv / "bin" / "gpusandbox"), "sim", "create", str(host),
                         "--gpus", "2", "--json"], capture_output=True, text=True,

@@ -128,7 +128,7 @@ def mpi_bed(cli, workdir_base):
         image = os.path.join(base, "image")
         build_image(image, prog)
         sim = os.path.join(base, "sim")
-        r = subprocess.run([sys.executable, "-m", "gpusandbox.gpu.sim", "create", sim,
+        r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", sim,
                             "--gpus", "1"], cwd=sf.REPO, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 0, r.stderr

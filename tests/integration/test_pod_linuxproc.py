@@ -69,7 +69,7 @@ def lp_bed(cli, workdir_base):
         os.rename(os.path.join(image, "hello"), os.path.join(image, "pingpong"))
         add_mpich_program(image, progs["pingpong-mpich"], "pingpong-mpich")
         sim = os.path.join(base, "sim")
-        r = subprocess.run([sys.executable, "-m", "gpusandbox.gpu.sim", "create", sim,
+        r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", sim,
                             "--gpus", "1"], cwd=sf.REPO, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 0, r.stderr

@@ -46,7 +46,7 @@ def pod_bed(cli, workdir_base):
         build_image(image, prog)
         os.rename(os.path.join(image, "hello"), os.path.join(image, "pingpong"))
         sim = os.path.join(base, "sim")
-        r = subprocess.run([sys.executable, "-m", "gpusandbox.gpu.sim", "create", sim,
+        r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", sim,
                             "--gpus", "1"], cwd=sf.REPO, capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 0, r.stderr

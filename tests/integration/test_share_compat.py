@@ -1,7 +1,7 @@
 """GPU sharing through MPS and CUDA forward compatibility, as a user sees them
 (issue 15), root and rootless, on the simulated host.
 
-The simulated MPS daemon (gpusandbox/gpu/simmps.py) records every command
+The simulated MPS daemon (gpusandbox/sim/mps.py) records every command
 with the peer's uid as SO_PEERCRED gives it and the CUDA_MPS_* variables the
 client saw; it enforces nothing, so these tests check the wiring only (a GPU
 machine's scripts/gpu-check shows enforcement).  The compat tests assert which

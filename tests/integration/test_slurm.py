@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slurm
 def slurm_sim(workdir_base):
     """The simulated 4-GPU host; under workdir_base so unprivileged jobs can read it."""
     root = workdir_base / "slurm-sim"
-    r = subprocess.run([sys.executable, "-m", "gpusandbox.gpu.sim", "create", str(root),
+    r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", str(root),
                         "--gpus", "4"], cwd=sf.REPO, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=120)
     assert r.returncode == 0, r.stdout

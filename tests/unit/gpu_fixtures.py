@@ -1,6 +1,6 @@
 """A fake NVIDIA driver root, written by hand for the GPU-layer unit tests.
 
-Independent of gpusandbox.gpu.sim on purpose: these files are shaped after
+Independent of gpusandbox.sim on purpose: these files are shaped after
 GPU-FACTS.md directly, so the discovery code and the simulator are checked
 against the facts, not against each other.
 

@@ -188,10 +188,10 @@ def test_info_json_and_errors(fake, capsys):
     assert err.startswith("gpusandbox: error: ") and "\nhint: " in err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gpusandbox.gpu.sim") is None,
-                    reason="gpusandbox.gpu.sim (the simulated host) is not written yet")
+@pytest.mark.skipif(importlib.util.find_spec("gpusandbox.sim") is None,
+                    reason="gpusandbox.sim (the simulated host) is not written yet")
 def test_discovery_of_the_simulated_host():
-    from gpusandbox.gpu import sim
+    from gpusandbox import sim
     d, made = None, False
     try:
         for parent in ("/tmp", "/var/tmp"):   # the simulator refuses nodev filesystems

@@ -16,7 +16,7 @@ import tempfile
 import pytest
 
 from gpusandbox.errors import GpuError, UsageError
-from gpusandbox.gpu import sim
+from gpusandbox import sim
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="creating device nodes needs real root")
@@ -137,7 +137,7 @@ def test_non_root_gets_a_clear_error_not_a_traceback(workdir):
             sim.create(target)
         assert "needs root" in e.value.line() and e.value.hint
         return
-    res = subprocess.run([PY, "-m", "gpusandbox.gpu.sim", "create", target], cwd=REPO, user=NOBODY,
+    res = subprocess.run([PY, "-m", "gpusandbox.sim", "create", target], cwd=REPO, user=NOBODY,
                          capture_output=True, text=True, env={"PYTHONPATH": REPO})
     if "No module named" in res.stderr:
         pytest.skip("the unprivileged user cannot read the checkout")
@@ -392,7 +392,7 @@ def test_rerun_keeps_uuids_and_destroy_removes_everything(workdir):
     # A directory that existed (empty) before create is kept, emptied.
     os.mkdir(root)
     sim.create(root, gpus=1)
-    subprocess.run([PY, "-m", "gpusandbox.gpu.sim", "destroy", root], cwd=REPO, check=True,
+    subprocess.run([PY, "-m", "gpusandbox.sim", "destroy", root], cwd=REPO, check=True,
                    env={"PYTHONPATH": REPO})
     assert os.listdir(root) == []
 

@@ -155,7 +155,7 @@ static int sim_driver_version(char *out, size_t len)
 
 /* FNV-1a, 64 bits, then MurmurHash3's fmix64 so that keys differing in one
  * byte differ everywhere: MIG UUIDs are derived from the parent GPU UUID and
- * the instance ids; gpusandbox/gpu/sim.py computes the same values. */
+ * the instance ids; gpusandbox/sim/ids.py computes the same values. */
 static uint64_t sim_fnv(const char *s, uint64_t h)
 {
     for (; *s; s++) {

@@ -165,7 +165,7 @@ def daemon():
 
 def install(root, write):
     """Write this file as DIR/usr/bin/nvidia-cuda-mps-control; write is
-    sim._write(path, data, mode)."""
+    sim.layout.write(path, data, mode)."""
     with open(os.path.abspath(__file__), "rb") as f:
         write(os.path.join(root, "usr/bin/nvidia-cuda-mps-control"), f.read(), 0o755)
 
