@@ -131,3 +131,58 @@ def importtime(text, top=15):
         "top_level_cumulative_ms": [[r[0], round(r[2] / 1000, 2)] for r in top_level],
         "gpusandbox_modules": sorted(r[0] for r in rows if r[0].startswith("gpusandbox")),
     }
+
+
+def print_launch(res, rows, conc, mem, disco, runs, warmup, w):
+    """The launch section on `w` (print): the table, ratios, bursts, memory,
+    discovery, the launcher's imports and the targets."""
+    m = res["machine"]
+    w(f"gpusandbox launch benchmark: {m['cpu']} x{m['cpus']}, {m['mem_gb']} GB, "
+      f"{m['distro']}, kernel {m['kernel']}, cgroups {m['cgroups']}")
+    w(f"/bin/true, {runs} runs each after {warmup} warm-up, interleaved; "
+      f"{res['binds']['count']} bind mounts ({res['binds']['from']})")
+    w("")
+    table(rows, w)
+    legend(w)
+    ratio_matrix(res["ratios"], w)
+    if "n" in conc:
+        w("")
+        w(f"{conc['n']} launches at once (total wall, median of rounds):")
+        for name, v in conc.items():
+            if isinstance(v, dict):
+                fail = f", {v['failed']} failed" if v["failed"] else ""
+                w(f"  {name:<22}{v['median_ms']:>9.1f} ms{fail}")
+    if mem:
+        w("")
+        w("memory of gpusandbox's processes while `sleep 3` runs (launcher + init):")
+        for mode, v in mem.items():
+            if "error" in v:
+                w(f"  {mode:<9} {v['error']}")
+            else:
+                procs = ", ".join(f"{p['comm']} {p['rss_kb'] / 1024:.1f}"
+                                  for p in v["processes"])
+                w(f"  {mode:<9} RSS {v['rss_mb']:.1f} MB, PSS {v['pss_mb']:.1f} MB ({procs})")
+    if disco:
+        w("")
+        if "error" in disco:
+            w(f"GPU discovery: {disco['error']}")
+        else:
+            w(f"GPU discovery on ld.so.cache of {disco['ldcache_entries']} entries: "
+              f"median {disco['median_ms']:.2f} ms (min {disco['min_ms']:.2f}, "
+              f"first call {disco['first_call_ms']:.2f}, import {disco['import_ms']:.2f})")
+    prof = res.get("profile")
+    if prof and prof.get("importtime"):
+        it = prof["importtime"]
+        w("")
+        w(f"launcher imports (-X importtime, fastest of 5): {it['modules']} modules, "
+          f"{it['total_ms']} ms")
+        w("  top-level, cumulative ms: " + ", ".join(
+            f"{n} {t}" for n, t in it["top_level_cumulative_ms"][:6]))
+        w("  by own time, ms: " + ", ".join(f"{n} {t}" for n, t in it["top_self_ms"][:6]))
+    print_targets(res["targets"], w)
+    if res.get("oci_targets"):
+        w("")
+        w("targets (issue 12, container-stack interfaces):")
+        for t in res["oci_targets"]:
+            w(f"  {t['status']:<5} {t['target']}" + ("" if t["status"] == "n/a" else
+              f": {t['value']} {t['unit']} (limit {t['limit']} {t['unit']})"))
