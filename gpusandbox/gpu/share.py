@@ -22,6 +22,7 @@ import os
 import subprocess
 
 from gpusandbox.errors import GpuError, UsageError
+from gpusandbox.linux import cgfs
 
 PIPE_INSIDE = "/run/nvidia-mps"
 RW_IPC = ("rw", "nosuid", "nodev", "noexec")
@@ -53,14 +54,9 @@ def parse_compute(text):
 
 def _cgroup2_root():
     try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split()[:1] == ["cgroup2"]:
-                    return left.split()[4]
+        return cgfs.cgroup2_mount() or "/sys/fs/cgroup"
     except OSError:
-        pass
-    return "/sys/fs/cgroup"
+        return "/sys/fs/cgroup"
 
 
 def dmem_status(cgroot=None):

@@ -145,6 +145,13 @@ def _cgroup2(mounts):
     return None
 
 
+def cgroup2_mount(proc="/proc"):
+    """Where this process sees the cgroup2 hierarchy, or None; OSError when
+    mountinfo cannot be read."""
+    found = _cgroup2(_mounts(proc))
+    return found[0] if found else None
+
+
 def _v1_mounts(mounts):
     """{controller: mount point} of the cgroup v1 hierarchies."""
     out = {}
