@@ -261,6 +261,15 @@ def pids_with(marker):
     return found
 
 
+def comm(pid):
+    """The process's name (/proc/PID/comm), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def wait_for(pred, timeout=10.0, step=0.05):
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from . import nsrun
 from .conftest import REPO
 
 
@@ -50,14 +51,6 @@ def test_reaped_child_is_never_signalled(runner, rootfs, tmp_path, args, code):
 
 # 4. --best-effort-limits never removes the device filter ---------------------------
 
-def _cgroup2_mount():
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            if " - cgroup2 " in line:
-                return line.split()[4]
-    return None
-
-
 @pytest.fixture
 def guarded_parent():
     """A cgroup of our own with an allow-all device program attached by the
@@ -65,7 +58,7 @@ def guarded_parent():
     BPF_F_ALLOW_OVERRIDE (a program below replaces it).  Yields a function
     that attaches with the given flags and returns the parent's path."""
     from gpusandbox.linux import bpfdev
-    mount = _cgroup2_mount()
+    mount = nsrun.cgroup2_mount()
     if mount is None:
         pytest.skip("no cgroup2 mount on this host")
     path = os.path.join(mount, f"gsbx-test-guard-{os.getpid()}-{os.urandom(3).hex()}")
@@ -279,7 +272,7 @@ def _with_kernel_mounts(runner, args):
 
 def _host_cgroup_dirs():
     out = set()
-    for base in ("/sys/fs/cgroup", _cgroup2_mount() or "/sys/fs/cgroup"):
+    for base in ("/sys/fs/cgroup", nsrun.cgroup2_mount() or "/sys/fs/cgroup"):
         out |= {n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n))}
     return out
 

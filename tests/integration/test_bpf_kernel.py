@@ -84,6 +84,16 @@ def _tries(nodes):
     return out
 
 
+def _result(r, pid):
+    """The child's JSON answer from pipe end r, once the child is reaped."""
+    data = b""
+    while chunk := os.read(r, 4096):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
 def _tries_in(h, nodes):
     r, w = os.pipe()
     pid = k.clone_fork(0, h.dirfd)
@@ -94,12 +104,7 @@ def _tries_in(h, nodes):
         finally:
             os._exit(0)
     os.close(w)
-    data = b""
-    while chunk := os.read(r, 4096):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    return _result(r, pid)
 
 
 def _tries_joined(h, nodes):
@@ -121,12 +126,7 @@ def _tries_joined(h, nodes):
     h.join(pid)
     os.write(go_w, b"x")
     os.close(go_w)
-    data = b""
-    while chunk := os.read(r, 4096):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    return _result(r, pid)
 
 
 def _mycgroup(name):

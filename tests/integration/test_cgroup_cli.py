@@ -347,6 +347,12 @@ def test_parent(cg_layout):
                         f"gsbx-test-parent-{os.getpid()}-{os.urandom(3).hex()}")
     os.mkdir(path)
     yield path
+    rmdir_tree(path)
+
+
+def rmdir_tree(path):
+    """Remove a test's cgroup directory and every cgroup below it, deepest
+    first (cgroup directories go with rmdir only), leaving what is busy."""
     for d in sorted((top for top, _, _ in os.walk(path)), key=len, reverse=True):
         try:
             os.rmdir(d)

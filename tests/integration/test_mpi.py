@@ -105,6 +105,27 @@ def build_image(root, program):
     subprocess.run(["ldconfig", "-r", root], check=True)
 
 
+def mpi_testbed(cli, base, image, plugin="pmix", **testbed):
+    """The Slurm testbed on a one-GPU simulated host made under `base`, for
+    ranks of `image` started by `cli`; skips where Slurm or its mpi/`plugin`
+    is missing.  The caller stops it."""
+    sim = os.path.join(base, "sim")
+    r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", sim,
+                        "--gpus", "1"], cwd=sf.REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    try:
+        bed = sf.slurm_testbed(base, sim, constrain=False, **testbed)
+    except sf.TestbedUnavailable as e:
+        pytest.skip(f"Slurm testbed unavailable: {e}")
+    plugins = bed.run(["srun", "--mpi=list"], timeout=20)
+    if plugin not in plugins.stdout + plugins.stderr:
+        bed.stop()
+        pytest.skip(f"this Slurm has no mpi/{plugin} plugin (srun --mpi=list)")
+    bed.cli, bed.image = cli, image
+    return bed
+
+
 # --- fixtures ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -127,19 +148,7 @@ def mpi_bed(cli, workdir_base):
         assert r.returncode == 0, r.stderr
         image = os.path.join(base, "image")
         build_image(image, prog)
-        sim = os.path.join(base, "sim")
-        r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", sim,
-                            "--gpus", "1"], cwd=sf.REPO, capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stderr
-        try:
-            bed = sf.slurm_testbed(base, sim, constrain=False)
-        except sf.TestbedUnavailable as e:
-            pytest.skip(f"Slurm testbed unavailable: {e}")
-        plugins = bed.run(["srun", "--mpi=list"], timeout=20)
-        if "pmix" not in plugins.stdout + plugins.stderr:
-            pytest.skip("this Slurm has no mpi/pmix plugin (srun --mpi=list)")
-        bed.cli, bed.image = cli, image
+        bed = mpi_testbed(cli, base, image)
         yield bed
     finally:
         if bed is not None:

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from tests.integration.conftest import pids_with, wait_for
+from tests.integration.conftest import comm, pids_with, wait_for
 
 # One rank: wait for every peer's file in /dev/shm (the shared tmpfs), read
 # the first peer's buffer through process_vm_readv, and report.
@@ -109,22 +109,14 @@ def _ns_of(pid, name="pid"):
         return None
 
 
-def _comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 def _sleeps(marker):
-    return [p for p in pids_with(marker) if _comm(p) == "sleep"]
+    return [p for p in pids_with(marker) if comm(p) == "sleep"]
 
 
 def _rank_pids(marker):
     """The rank's processes: the keeper, forked by whichever launcher came
     first, carries that launcher's command line too."""
-    return [p for p in pids_with(marker) if _comm(p) not in (None, "gpusandbox-pod")]
+    return [p for p in pids_with(marker) if comm(p) not in (None, "gpusandbox-pod")]
 
 
 def _keepers(pidns):

@@ -12,16 +12,15 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
 import pytest
 
-from tests.integration import slurm_fixture as sf
-from tests.integration.conftest import pids_with, wait_for
-from tests.integration.test_mpi import LIBPMIX, MPICC, PKGS, _copy_in, _libs_of, build_image
-from tests.integration.test_pod_slurm import PINGPONG, _comm, _live_keepers
+from tests.integration.conftest import comm, pids_with, wait_for
+from tests.integration.test_mpi import (LIBPMIX, MPICC, PKGS, _copy_in, _libs_of, build_image,
+                                        mpi_testbed)
+from tests.integration.test_pod_slurm import PINGPONG, _live_keepers
 
 pytestmark = pytest.mark.slurm
 
@@ -68,19 +67,7 @@ def lp_bed(cli, workdir_base):
         build_image(image, progs["pingpong"])
         os.rename(os.path.join(image, "hello"), os.path.join(image, "pingpong"))
         add_mpich_program(image, progs["pingpong-mpich"], "pingpong-mpich")
-        sim = os.path.join(base, "sim")
-        r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", sim,
-                            "--gpus", "1"], cwd=sf.REPO, capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stderr
-        try:
-            bed = sf.slurm_testbed(base, sim, constrain=False, proctrack="linuxproc")
-        except sf.TestbedUnavailable as e:
-            pytest.skip(f"Slurm testbed unavailable: {e}")
-        plugins = bed.run(["srun", "--mpi=list"], timeout=20)
-        if "pmi2" not in plugins.stdout + plugins.stderr:
-            pytest.skip("this Slurm has no mpi/pmi2 plugin (srun --mpi=list)")
-        bed.cli, bed.image = cli, image
+        bed = mpi_testbed(cli, base, image, "pmi2", proctrack="linuxproc")
         yield bed
     finally:
         if bed is not None:
@@ -158,9 +145,9 @@ def test_scancel_leaves_no_rank_keeper_or_pod_directory(lp_bed, mode, test_user)
     pod_dir = f"{pods}/{job}.0.{node}"
     try:
         lp_bed.wait_state(job, "RUNNING", timeout=30)
-        assert wait_for(lambda: len([p for p in pids_with(mark) if _comm(p) == "sleep"]) == 6,
+        assert wait_for(lambda: len([p for p in pids_with(mark) if comm(p) == "sleep"]) == 6,
                         30), "the three ranks did not start"
-        sleeps = [p for p in pids_with(mark) if _comm(p) == "sleep"]
+        sleeps = [p for p in pids_with(mark) if comm(p) == "sleep"]
         assert len({os.readlink(f"/proc/{p}/ns/pid") for p in sleeps}) == 1   # one pod
         assert {os.stat(f"/proc/{p}").st_uid for p in sleeps} == {uid}
         assert set(_live_keepers()) - before

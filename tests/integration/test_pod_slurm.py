@@ -11,15 +11,14 @@ btl self,tcp.
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
 import pytest
 
 from tests.integration import slurm_fixture as sf
-from tests.integration.conftest import pids_with, wait_for
-from tests.integration.test_mpi import LIBPMIX, MPICC, PKGS, build_image
+from tests.integration.conftest import comm, pids_with, wait_for
+from tests.integration.test_mpi import LIBPMIX, MPICC, PKGS, build_image, mpi_testbed
 
 pytestmark = pytest.mark.slurm
 
@@ -45,19 +44,7 @@ def pod_bed(cli, workdir_base):
         image = os.path.join(base, "image")
         build_image(image, prog)
         os.rename(os.path.join(image, "hello"), os.path.join(image, "pingpong"))
-        sim = os.path.join(base, "sim")
-        r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", sim,
-                            "--gpus", "1"], cwd=sf.REPO, capture_output=True, text=True,
-                           timeout=120)
-        assert r.returncode == 0, r.stderr
-        try:
-            bed = sf.slurm_testbed(base, sim, constrain=False)
-        except sf.TestbedUnavailable as e:
-            pytest.skip(f"Slurm testbed unavailable: {e}")
-        plugins = bed.run(["srun", "--mpi=list"], timeout=20)
-        if "pmix" not in plugins.stdout + plugins.stderr:
-            pytest.skip("this Slurm has no mpi/pmix plugin (srun --mpi=list)")
-        bed.cli, bed.image = cli, image
+        bed = mpi_testbed(cli, base, image)
         yield bed
     finally:
         if bed is not None:
@@ -124,9 +111,9 @@ def test_scancel_leaves_nothing(pod_bed, test_user):
                                 f"/bin/sh -c 'sleep {mark} & sleep {mark}'\n")
     try:
         pod_bed.wait_state(job, "RUNNING", timeout=30)
-        assert wait_for(lambda: len([p for p in pids_with(mark) if _comm(p) == "sleep"]) == 4,
+        assert wait_for(lambda: len([p for p in pids_with(mark) if comm(p) == "sleep"]) == 4,
                         30), "the two ranks did not start"
-        sleeps = [p for p in pids_with(mark) if _comm(p) == "sleep"]
+        sleeps = [p for p in pids_with(mark) if comm(p) == "sleep"]
         assert len({os.readlink(f"/proc/{p}/ns/pid") for p in sleeps}) == 1   # one pod
         assert set(_live_keepers()) - before
         pod_bed.scancel(job)
@@ -138,10 +125,3 @@ def test_scancel_leaves_nothing(pod_bed, test_user):
             pod_bed.scancel(job)
             time.sleep(1)
 
-
-def _comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return None

@@ -12,33 +12,22 @@ import subprocess
 
 import pytest
 
-from .conftest import kill_quietly, pids_with, wait_for
-from .test_cgroup_cli import notes, prog_alive, read_verbose
+from . import nsrun
+from .conftest import comm, kill_quietly, pids_with, wait_for
+from .test_cgroup_cli import notes, prog_alive, read_verbose, rmdir_tree
 
 BOUND = 2.0
 
 
-def _cgroup2_mount():
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            if " - cgroup2 " in line:
-                return line.split()[4]
-    return None
-
-
 @pytest.fixture
 def parent():
-    mount = _cgroup2_mount()
+    mount = nsrun.cgroup2_mount()
     if mount is None:
         pytest.skip("no cgroup2 hierarchy")
     path = os.path.join(mount, f"gsbx-test-reaper-{os.getpid()}-{os.urandom(3).hex()}")
     os.mkdir(path)
     yield path
-    for d in sorted((top for top, _, _ in os.walk(path)), key=len, reverse=True):
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
+    rmdir_tree(path)
 
 
 def _leaves(parent):
@@ -50,24 +39,17 @@ def _kill_and_check(p, marker, leaf, prog=None):
     # The reaper names itself once it first runs, which on a loaded machine
     # can come after the sandbox's command has started.
     reapers = wait_for(lambda: [pid for pid in pids_with(marker)
-                                if _comm(pid) == "gpusandbox-reap"])
+                                if comm(pid) == "gpusandbox-reap"])
     assert len(reapers) == 1, "no reaper next to the launcher"
     os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=10)
     assert wait_for(lambda: not pids_with(marker), timeout=BOUND), \
-        f"processes left: {[(x, _comm(x)) for x in pids_with(marker)]}"
+        f"processes left: {[(x, comm(x)) for x in pids_with(marker)]}"
     assert wait_for(lambda: not os.path.exists(leaf), timeout=BOUND), f"{leaf} left behind"
     if prog is not None:
         # cgroup_bpf_release runs from a workqueue once the removed cgroup is freed.
         assert wait_for(lambda: not prog_alive(prog), timeout=BOUND), f"program {prog} left"
 
-
-def _comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def test_launcher_sigkill_leaves_nothing_root(root_runner, rootfs, parent):

@@ -98,6 +98,13 @@ def _make_libs(root, names, sub="lib"):
     return d
 
 
+def _conf(root, *dirs):
+    """etc/ld.so.conf under root naming `dirs`."""
+    os.makedirs(os.path.join(root, "etc"))
+    with open(os.path.join(root, "etc/ld.so.conf"), "w") as f:
+        f.write("".join(d + "\n" for d in dirs))
+
+
 TRICKY = ["libgsb.so.1", "libgsb.so.10", "libgsb.so.2", "libgsb2.so.1", "libgsb10.so.1",
           "libgsb-1.so.0", "libgsb_a.so.3", "libGsb.so.1", "libgsb.so.1.2.10", "libgsb.so.1.2.9",
           "libgsbz.so.0"] + [f"libgsbn{i}.so.{i % 3}" for i in range(40)]
@@ -106,9 +113,7 @@ TRICKY = ["libgsb.so.1", "libgsb.so.10", "libgsb.so.2", "libgsb2.so.1", "libgsb1
 @needs_tools
 def test_written_cache_matches_ldconfig_listing(tree):
     libdir = _make_libs(tree, TRICKY, "usr/lib/gsb")
-    os.makedirs(os.path.join(tree, "etc"))
-    with open(os.path.join(tree, "etc/ld.so.conf"), "w") as f:
-        f.write("/usr/lib/gsb\n")
+    _conf(tree, "/usr/lib/gsb")
     subprocess.run(["ldconfig", "-r", tree], check=True, capture_output=True)
     real = os.path.join(tree, "etc/ld.so.cache")
     with open(real, "rb") as f:
@@ -125,9 +130,7 @@ def test_written_cache_matches_ldconfig_listing(tree):
 @needs_tools
 def test_old_format_section_is_skipped(tree):
     _make_libs(tree, ["libgsbold.so.1", "libgsbold.so.2"], "usr/lib/gsb")
-    os.makedirs(os.path.join(tree, "etc"))
-    with open(os.path.join(tree, "etc/ld.so.conf"), "w") as f:
-        f.write("/usr/lib/gsb\n")
+    _conf(tree, "/usr/lib/gsb")
     r = subprocess.run(["ldconfig", "-c", "compat", "-r", tree], capture_output=True)
     if r.returncode != 0:
         pytest.skip("this ldconfig cannot write the compat format")
@@ -142,9 +145,7 @@ def test_old_format_section_is_skipped(tree):
 def test_glibc_hwcaps_entries_survive_a_rewrite(tree):
     _make_libs(tree, ["libgsbhw.so.1"], "usr/lib/gsb")
     _make_libs(tree, ["libgsbhw.so.1"], "usr/lib/gsb/glibc-hwcaps/x86-64-v2")
-    os.makedirs(os.path.join(tree, "etc"))
-    with open(os.path.join(tree, "etc/ld.so.conf"), "w") as f:
-        f.write("/usr/lib/gsb\n")
+    _conf(tree, "/usr/lib/gsb")
     subprocess.run(["ldconfig", "-r", tree], check=True, capture_output=True)
     real = os.path.join(tree, "etc/ld.so.cache")
     with open(real, "rb") as f:
