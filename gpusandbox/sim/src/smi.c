@@ -135,17 +135,27 @@ static void cuda_text(char *out, size_t len)
     snprintf(out, len, "%d.%d", v / 1000, (v % 1000) / 10);
 }
 
-static int summary(void)
+/* The GPU count, with the driver's and CUDA's versions; 0, after
+   nvidia-smi's message, when there is no GPU. */
+static unsigned devices(char *driver, size_t driver_len, char *cuda, size_t cuda_len)
 {
-    char driver[64] = "", cuda[16];
     unsigned count = 0;
     nvml.count(&count);
     if (count == 0) {
         printf("No devices were found\n");
-        return NVML_ERROR_NOT_FOUND;
+        return 0;
     }
-    nvml.driver(driver, sizeof driver);
-    cuda_text(cuda, sizeof cuda);
+    nvml.driver(driver, driver_len);
+    cuda_text(cuda, cuda_len);
+    return count;
+}
+
+static int summary(void)
+{
+    char driver[64] = "", cuda[16];
+    unsigned count = devices(driver, sizeof driver, cuda, sizeof cuda);
+    if (count == 0)
+        return NVML_ERROR_NOT_FOUND;
     const char *rule = "+-----------------------------------------------------------------------------+";
     printf("%s\n| NVIDIA-SMI %-14s Driver Version: %-14s CUDA Version: %-4s |\n", rule, driver, driver, cuda);
     printf("|-----+-------------------------------+------------------+--------------------|\n");
@@ -175,19 +185,14 @@ static int summary(void)
 static int query(const char *fields, const char *format)
 {
     char list[512], driver[64] = "", cuda[16];
-    unsigned count = 0;
     if (!format || strncmp(format, "csv", 3) != 0) {
         printf("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n");
         return 2;
     }
     int header = !strstr(format, "noheader"), units = !strstr(format, "nounits");
-    nvml.count(&count);
-    if (count == 0) {
-        printf("No devices were found\n");
+    unsigned count = devices(driver, sizeof driver, cuda, sizeof cuda);
+    if (count == 0)
         return NVML_ERROR_NOT_FOUND;
-    }
-    nvml.driver(driver, sizeof driver);
-    cuda_text(cuda, sizeof cuda);
     for (int row = header ? -1 : 0; row < (int)count; row++) {
         nvmlDevice_t dev = NULL;
         if (row >= 0 && nvml.handle((unsigned)row, &dev) != 0)
