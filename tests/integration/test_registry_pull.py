@@ -24,6 +24,17 @@ def pushed(registry, registry_auth, image_files):
             "auth": registry_auth.push(lay, "v1", "e2e/img", creds=registry_auth.creds)}
 
 
+def _authfile(tmp, registry_auth, runner):
+    """An auth.json with the registry's credentials, the runner's own, 0600."""
+    af = tmp / "auth.json"
+    user, pw = registry_auth.creds
+    af.write_text(json.dumps({"auths": {registry_auth.host: {
+        "auth": base64.b64encode(f"{user}:{pw}".encode()).decode()}}}))
+    os.chown(af, runner.uid, runner.gid)
+    os.chmod(af, 0o600)
+    return af
+
+
 def test_pull_and_run_docker_ref(runner, store, registry, pushed):
     ref = f"docker://{registry.host}/e2e/img:v1"
     r = gsbx(runner, store, ["pull", "-q", ref])
@@ -48,12 +59,7 @@ def test_pull_with_authfile(runner, store, registry_auth, pushed, shared_tmp):
     assert r.returncode == 125 and r.stderr.count("\n") <= 2, r.stderr
     assert r.stderr.startswith("gpusandbox: error: ") and "authentication required" in r.stderr
     assert "--authfile" in r.stderr and _leftovers(store) == []
-    af = shared_tmp / "auth.json"
-    user, pw = registry_auth.creds
-    af.write_text(json.dumps({"auths": {registry_auth.host: {
-        "auth": base64.b64encode(f"{user}:{pw}".encode()).decode()}}}))
-    os.chown(af, runner.uid, runner.gid)
-    os.chmod(af, 0o600)
+    af = _authfile(shared_tmp, registry_auth, runner)
     r = gsbx(runner, store, ["pull", "-q", "--authfile", str(af), ref])
     assert (r.returncode, r.stdout.strip()) == (0, pushed["auth"]), r.stderr
 
@@ -62,12 +68,7 @@ def test_pull_with_authfile(runner, store, registry_auth, pushed, shared_tmp):
 def test_run_pulls_with_registry_auth_file(runner, store, registry_auth, pushed, shared_tmp):
     """run has no --authfile: $REGISTRY_AUTH_FILE (or the user's auth.json)
     serves a pull on a miss."""
-    af = shared_tmp / "auth.json"
-    user, pw = registry_auth.creds
-    af.write_text(json.dumps({"auths": {registry_auth.host: {
-        "auth": base64.b64encode(f"{user}:{pw}".encode()).decode()}}}))
-    os.chown(af, runner.uid, runner.gid)
-    os.chmod(af, 0o600)
+    af = _authfile(shared_tmp, registry_auth, runner)
     cmd = [runner.cli, "run", f"docker://{registry_auth.host}/e2e/img:v1", "cat hello"]
     if runner.mode == "rootless":
         cmd = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}",
