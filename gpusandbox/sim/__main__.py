@@ -1,6 +1,6 @@
 import sys
 
-from gpusandbox.errors import SandboxError
+from gpusandbox.errors import SandboxError, message
 
 from .cli import main
 
@@ -8,7 +8,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except SandboxError as e:
-        print(f"gpusandbox: error: {e.line()}", file=sys.stderr)
-        if e.hint:
-            print(f"hint: {e.hint}", file=sys.stderr)
+        sys.stderr.write(message(e))   # as `gpusandbox sim` prints it
         sys.exit(e.code)
