@@ -125,7 +125,7 @@ def observe(kind, path):
                 data = os.read(fd, 1 << 20)
             finally:
                 os.close(fd)
-            # mig-minors is a 64 KiB table: kept as a digest.
+            # Large files (none watched today) are kept as a digest.
             return data if len(data) <= 4096 else blake2b(data, digest_size=32).digest()
     except OSError as e:
         return ("error", e.errno)
@@ -140,9 +140,9 @@ def watch_list(host, edits):
     out = [("stat", root + "/proc/devices")]
     for p in ("/proc/driver/nvidia/version", "/proc/devices"):
         out.append(("read", host.proc(p)))
-    if host.migs:
-        # Read only with MIG devices, which the capability tree below lists.
-        out.append(("read", host.proc("/proc/driver/nvidia-caps/mig-minors")))
+    # Not nvidia-caps/mig-minors: discovery reads it only to cross-check the
+    # capability files below, which decide the nodes (a mismatch is a
+    # reported problem, not a different edit).
     gdir = host.proc("/proc/driver/nvidia/gpus")
     out.append(("list", gdir))
     for name in _names(gdir):
@@ -171,10 +171,12 @@ def watch_list(host, edits):
         out.append(("stat", f"{root}/{d}"))
         for sub in sorted(set(L.SUBDIRS.values())):
             out.append(("stat", f"{root}/{d}/{sub}"))
-    for d in D._BIN_DIRS:
-        out.append(("stat", f"{root}/{d}"))
-        for name in sorted({b for bins in D.CAP_BINS.values() for b in bins}):
-            out.append(("stat", f"{root}/{d}/{name}"))
+    # A name added to or removed from a directory changes the directory's
+    # identity; each name there now is watched through its links.
+    out += [("stat", f"{root}/{d}") for d in D._BIN_DIRS]
+    for name in sorted({b for bins in D.CAP_BINS.values() for b in bins}):
+        out += [("stat", f"{root}/{d}/{name}") for d in D._BIN_DIRS
+                if os.path.lexists(f"{root}/{d}/{name}")]
     out.append(("stat", f"{root}/lib/firmware/nvidia/{host.version}"))
     for _cap, cpath in D._CONFIGS:
         out += [("stat", root + cpath), ("stat", root + os.path.dirname(cpath))]
