@@ -71,13 +71,13 @@ def parse(argv):
 
 def log_error(opts, text):
     """One error line in the runtime's --log format (json or text), and on stderr."""
-    import json
     import time
+    from gpusandbox.oci.fastjson import dumps
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if opts.get("--log-format") == "json":
-        line = json.dumps({"level": "error", "msg": text, "time": stamp})
+        line = dumps({"level": "error", "msg": text, "time": stamp})
     else:
-        line = f"time={json.dumps(stamp)} level=error msg={json.dumps(text)}"
+        line = f"time={dumps(stamp)} level=error msg={dumps(text)}"
     path = opts.get("--log")
     if path:
         try:
