@@ -24,9 +24,13 @@ HEAVY = ("gpusandbox.gpu.discover", "gpusandbox.gpu.inject", "gpusandbox.gpu.sel
          "hashlib", "tempfile", "shutil", "argparse", "runpy", "site")
 # The filter as hooks.d runs it (hook install's entry_args), reporting the
 # modules it loaded.
-FILTER = ("import sys,atexit;sys.path.insert(0,sys.argv.pop(1));"
+REPORT = ("import sys,atexit;sys.path.insert(0,sys.argv.pop(1));"
           "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules))"
-          " + '\\n'));from gpusandbox.oci.filter import cli;cli()")
+          " + '\\n'));")
+FILTER = REPORT + "from gpusandbox.oci.filter import cli;cli()"
+# The wrapper as bin/gpusandbox-runtime runs it; its runtime is missing, so
+# it returns (reporting) instead of exec'ing one, after the edit.
+WRAPPER = REPORT + "from gpusandbox.oci.wrapper import main;sys.exit(main())"
 
 
 @pytest.fixture(params=MODES)
@@ -66,6 +70,27 @@ def _filter(mode, user, base, root, vis="all"):
     return r.returncode, err, out, modules
 
 
+def _wrapper(mode, user, base, root):
+    bundle = os.path.join(base, "bundle")
+    os.makedirs(bundle, exist_ok=True)
+    cfg = {"ociVersion": "1.0.2", "root": {"path": os.path.join(base, "rootfs")},
+           "process": {"args": ["true"], "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}}
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    argv = [PYTHON, "-I", "-S", "-c", WRAPPER, SITE, "create", "--bundle", bundle, "w1"]
+    if mode == "rootless":
+        subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", bundle], check=True)
+        argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+                "--clear-groups", "--"] + argv
+    r = subprocess.run(argv, capture_output=True, cwd="/", timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "GPUSANDBOX_DRIVER_ROOT": root,
+                            "GPUSANDBOX_OCI_RUNTIME": "/nonexistent/crun"})
+    err = r.stderr.decode()
+    assert "cannot run /nonexistent/crun" in err, err
+    with open(os.path.join(bundle, "config.json")) as f:
+        return json.load(f), set(err.rsplit("MODULES ", 1)[1].split())
+
+
 def _view(out):
     """What the edit injects, without the per-container directory names."""
     return ([(d["destination"], d["source"]) for d in out["mounts"]
@@ -86,6 +111,10 @@ def test_memo_hit_is_lean_and_a_changed_host_is_seen(private_sim):
     rc, err, again, mods = _filter(mode, user, base, root)
     assert rc == 0, err
     assert _view(again) == _view(first)
+    assert not mods & set(HEAVY), sorted(mods & set(HEAVY))
+    # The wrapper's create takes the same entry (the same inputs).
+    edited, mods = _wrapper(mode, user, base, root)
+    assert _view(edited) == _view(first)
     assert not mods & set(HEAVY), sorted(mods & set(HEAVY))
 
     # A GPU gone (its /proc entry and node): the next create sees one GPU.
