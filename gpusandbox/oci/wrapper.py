@@ -145,7 +145,8 @@ def main(argv=None):
 
 # `python3 -I -S -c BOOT SITE ARGS...` (bin/gpusandbox-runtime): the
 # interpreter without site (its imports and .pth files), the package from SITE.
-BOOT = "import sys;sys.path.insert(0,sys.argv.pop(1));from gpusandbox.oci.wrapper import main;sys.exit(main())"  # noqa: E501 (bin/gpusandbox-runtime carries the same)
+BOOT = ("import sys;sys.path.insert(0,sys.argv.pop(1));"
+        "from gpusandbox.oci.wrapper import main;sys.exit(main())")
 
 if __name__ == "__main__":
     sys.exit(main())

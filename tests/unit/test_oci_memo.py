@@ -92,3 +92,15 @@ def test_fastjson_is_json(doc):
 def test_fastjson_refuses_what_json_refuses(doc):
     with pytest.raises(ValueError):
         fastjson.loads(doc)
+
+
+def test_entries_start_python_without_site():
+    """bin/gpusandbox-runtime runs wrapper.BOOT with -I -S; hook install's
+    filter entry is the same shape with filter.BOOT."""
+    from pathlib import Path
+    from gpusandbox.oci import filter as ocifilter, wrapper
+    sh = (Path(__file__).resolve().parents[2] / "bin" / "gpusandbox-runtime").read_text()
+    assert f"-I -S -c '{wrapper.BOOT}' \"$site\" \"$@\"" in sh
+    args = ocifilter.entry_args("/usr/bin/python3")
+    assert args[:5] == ["/usr/bin/python3", "-I", "-S", "-c", ocifilter.BOOT]
+    assert os.path.isfile(os.path.join(args[5], "gpusandbox", "oci", "filter.py"))
