@@ -337,7 +337,7 @@ def memo_gpu_edits(cfg, environ, rootfd):
     roots = host_roots(environ)
     env = container_env(cfg)
     d = memo.directory()
-    k = memo.key(roots, env, rootfd) if d else None
+    k = memo.key(roots, env, rootfd) if d and memo.cacheable(env) else None
     if k is not None:
         hit = memo.lookup(d, k)
         if hit is not memo.MISS:

@@ -46,8 +46,9 @@ MAX_IMAGE_CACHE = 16 << 20      # gpu.ldcache.MAX_FILE: what read_in_root reads 
 MAX_ENTRY = 64 << 20
 MISS = object()
 # The modules whose code decides the edits (relative to the package).
-_CODE = ("edits.py", "gpu/discover.py", "gpu/libs.py", "gpu/ldcache.py", "gpu/select.py",
-         "gpu/inject.py", "oci/configedit.py", "oci/memo.py")
+_CODE = ("edits.py", "imagedata.py", "linux/sys.py", "gpu/discover.py", "gpu/libs.py",
+         "gpu/ldcache.py", "gpu/select.py", "gpu/ceiling.py", "gpu/inject.py",
+         "oci/configedit.py", "oci/memo.py")
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -194,6 +195,16 @@ def _names(d):
         return sorted(os.listdir(d))
     except OSError:
         return []
+
+
+def cacheable(select_env):
+    """Whether this selection's result rests only on files: a MIG-<uuid>
+    item is resolved through NVML (gpu/select.py), and a MIG device made
+    again under the same GPU instance ids gets a new UUID that no file here
+    shows, so such a selection is never memoised."""
+    vis = select_env.get("NVIDIA_VISIBLE_DEVICES") or ""
+    return not any(i.strip().upper().startswith("MIG-") and
+                   not i.strip().upper().startswith("MIG-GPU-") for i in vis.split(","))
 
 
 # --- the image's side of the key --------------------------------------------

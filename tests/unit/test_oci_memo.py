@@ -104,3 +104,14 @@ def test_entries_start_python_without_site():
     args = ocifilter.entry_args("/usr/bin/python3")
     assert args[:5] == ["/usr/bin/python3", "-I", "-S", "-c", ocifilter.BOOT]
     assert os.path.isfile(os.path.join(args[5], "gpusandbox", "oci", "filter.py"))
+
+
+def test_mig_uuid_selections_are_not_memoised():
+    """MIG-<uuid> is resolved through NVML, not files: a MIG device made
+    again under the same ids gets a new UUID the watch list cannot see."""
+    ok = ["0", "all", "0:1:0", "GPU-76c81341-ffb2-f9d7-d900-e63a84ad61c3",
+          "MIG-GPU-76c81341-ffb2-f9d7-d900-e63a84ad61c3/1/0"]
+    for vis in ok:
+        assert memo.cacheable({"NVIDIA_VISIBLE_DEVICES": vis}), vis
+    for vis in ("MIG-8a3b5f2e-0000-5a5a-8f8f-123456789abc", "0, mig-8a3b5f2e-0000"):
+        assert not memo.cacheable({"NVIDIA_VISIBLE_DEVICES": vis}), vis
