@@ -186,7 +186,9 @@ def watch_list(host, edits):
         out.append(("stat", root + cpath))
     if edits is not None:
         out += [("stat", n.host_path) for n in edits.device_nodes]
-        out += [("stat", m.host_path) for m in edits.mounts]
+        # Not what goes under /proc (configedit.apply leaves it out): procfs
+        # inode times change when the kernel evicts and remakes them.
+        out += [("stat", m.host_path) for m in edits.mounts if not m.path.startswith("/proc/")]
     return list(dict.fromkeys(out))
 
 
