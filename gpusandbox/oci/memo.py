@@ -112,12 +112,15 @@ def _ident(st):
 
 def observe(kind, path):
     """What `path` looks like now, for the watch list: "read" its bytes (a
-    small /proc file), "list" its sorted names, "stat" the identity of the
-    file it leads to (through symlinks: a link retargeted at another file
-    shows another inode).  An error (ENOENT) is a value too."""
+    small /proc file), "list" its sorted names, "isfile" whether it is a
+    regular file, "stat" the identity of the file it leads to (through
+    symlinks: a link retargeted at another file shows another inode).  An
+    error (ENOENT) is a value too."""
     try:
         if kind == "stat":
             return _ident(os.stat(path))
+        if kind == "isfile":
+            return os.path.isfile(path)
         if kind == "list":
             return sorted(os.listdir(path))
         if kind == "read":
@@ -138,7 +141,7 @@ def watch_list(host, edits):
     rest on: discover.discover's inputs, from its own tables."""
     from gpusandbox.gpu import discover as D, libs as L
     root = host.driver_root.rstrip("/")
-    out = [("stat", root + "/proc/devices")]
+    out = [("isfile", root + "/proc/devices")]     # discover.proc_root's test
     for p in ("/proc/driver/nvidia/version", "/proc/devices"):
         out.append(("read", host.proc(p)))
     # Not nvidia-caps/mig-minors: discovery reads it only to cross-check the
