@@ -114,11 +114,15 @@ def observe(kind, path):
     """What `path` looks like now, for the watch list: "read" its bytes (a
     small /proc file), "list" its sorted names, "isfile" whether it is a
     regular file, "stat" the identity of the file it leads to (through
-    symlinks: a link retargeted at another file shows another inode).  An
+    symlinks: a link retargeted at another file shows another inode), "node"
+    only its type and inode (a directory whose entries come and go).  An
     error (ENOENT) is a value too."""
     try:
         if kind == "stat":
             return _ident(os.stat(path))
+        if kind == "node":
+            st = os.stat(path)
+            return stat.S_IFMT(st.st_mode), st.st_ino, st.st_dev
         if kind == "isfile":
             return os.path.isfile(path)
         if kind == "list":
@@ -184,14 +188,16 @@ def watch_list(host, edits):
     out.append(("stat", f"{root}/lib/firmware/nvidia/{host.version}"))
     for _cap, cpath in D._CONFIGS:
         out += [("stat", root + cpath), ("stat", root + os.path.dirname(cpath))]
-    for cpath in ("/var/run/nvidia-persistenced/socket", "/var/run/nvidia-fabricmanager/socket",
-                  "/tmp/nvidia-mps"):
+    for cpath in ("/var/run/nvidia-persistenced/socket", "/var/run/nvidia-fabricmanager/socket"):
         out.append(("stat", root + cpath))
+    # The MPS pipe directory changes with every client: its inode is what counts.
+    out.append(("node", root + "/tmp/nvidia-mps"))
     if edits is not None:
         out += [("stat", n.host_path) for n in edits.device_nodes]
         # Not what goes under /proc (configedit.apply leaves it out): procfs
         # inode times change when the kernel evicts and remakes them.
-        out += [("stat", m.host_path) for m in edits.mounts if not m.path.startswith("/proc/")]
+        out += [("node" if os.path.isdir(m.host_path) else "stat", m.host_path)
+                for m in edits.mounts if not m.path.startswith("/proc/")]
     return list(dict.fromkeys(out))
 
 

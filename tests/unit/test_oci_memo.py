@@ -115,3 +115,18 @@ def test_mig_uuid_selections_are_not_memoised():
         assert memo.cacheable({"NVIDIA_VISIBLE_DEVICES": vis}), vis
     for vis in ("MIG-8a3b5f2e-0000-5a5a-8f8f-123456789abc", "0, mig-8a3b5f2e-0000"):
         assert not memo.cacheable({"NVIDIA_VISIBLE_DEVICES": vis}), vis
+
+
+def test_node_watch_ignores_entries_coming_and_going(tmp_path):
+    """The MPS pipe directory (a mount source) gains and loses pipes with
+    every client: watched by type and inode, not times."""
+    d = tmp_path / "nvidia-mps"
+    d.mkdir()
+    node, ident = memo.observe("node", str(d)), memo.observe("stat", str(d))
+    os.utime(d, ns=(1, 1))
+    (d / "control").write_text("")
+    assert memo.observe("node", str(d)) == node
+    assert memo.observe("stat", str(d)) != ident
+    os.rename(d, tmp_path / "old")
+    d.mkdir()
+    assert memo.observe("node", str(d)) != node
