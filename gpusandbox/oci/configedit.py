@@ -223,20 +223,27 @@ def _links_to_files(edits):
 
 
 def write_state_file(statedir, content, mode=0o444):
-    """A content-addressed file in statedir (atomic); returns its path."""
-    import hashlib
-    import tempfile
-    name = "ld.so.cache-" + hashlib.sha256(content).hexdigest()[:32]
+    """A content-addressed file in statedir (atomic); returns its path.
+    _blake2 and a random name of its own rather than hashlib and tempfile:
+    their imports cost more than a cached create's whole edit."""
+    from _blake2 import blake2b
+    name = "ld.so.cache-" + blake2b(content, digest_size=16).hexdigest()
     path = os.path.join(statedir, name)
     if os.path.exists(path):
         return path
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=statedir)
+    tmp = os.path.join(statedir, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, content)
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view):]
         os.fchmod(fd, mode)
         os.close(fd)
+        fd = None
         os.rename(tmp, path)
     except BaseException:
+        if fd is not None:
+            os.close(fd)
         os.unlink(tmp)
         raise
     return path
@@ -322,6 +329,32 @@ def apply(cfg, edits, statedir, extra_rules=()):
     return cfg
 
 
+def memo_gpu_edits(cfg, environ, rootfd):
+    """gpu_edits for the container's selection (None: it selects none), from
+    the memo when an entry for exactly these inputs still holds (memo.py),
+    else computed and stored."""
+    from gpusandbox.oci import memo
+    roots = host_roots(environ)
+    env = container_env(cfg)
+    d = memo.directory()
+    k = memo.key(roots, env, rootfd) if d and memo.cacheable(env) else None
+    if k is not None:
+        hit = memo.lookup(d, k)
+        if hit is not memo.MISS:
+            return hit
+    host = discover_host(environ)
+    sel = selection(cfg, host)
+    edits = None if sel is None else gpu_edits(host, sel, rootfd)
+    # The image read again: an entry is stored only for the inputs it was
+    # computed from.
+    if k is not None and memo.key(roots, env, rootfd) == k:
+        try:
+            memo.store(d, k, host, edits)
+        except OSError:
+            pass
+    return edits
+
+
 def edit(cfg, environ, statedir, bundle_fd=None):
     """The whole edit for one config: None when the container asks for no
     GPU (the caller then leaves the file as it is), else the edited dict."""
@@ -339,10 +372,9 @@ def edit(cfg, environ, statedir, bundle_fd=None):
             edits, rules = resolve_cdi(cdi, rootfd, environ)
             apply(cfg, edits, statedir, rules)
         if gpu:
-            host = discover_host(environ)
-            sel = selection(cfg, host)
-            if sel is not None:
-                apply(cfg, gpu_edits(host, sel, rootfd), statedir)
+            edits = memo_gpu_edits(cfg, environ, rootfd)
+            if edits is not None:
+                apply(cfg, edits, statedir)
     finally:
         if rootfd is not None:
             os.close(rootfd)
@@ -350,17 +382,18 @@ def edit(cfg, environ, statedir, bundle_fd=None):
 
 
 def load(data):
-    import json
+    from gpusandbox.oci import fastjson
     if len(data) > MAX_CONFIG:
         raise UsageError("config.json", f"larger than {MAX_CONFIG >> 20} MiB")
     try:
-        return json.loads(data)
+        return fastjson.loads(data)
     except ValueError as e:
         raise UsageError("config.json", f"not valid JSON: {e}") from None
 
 
 def dump(cfg):
-    import json
-    return json.dumps(cfg, indent=1).encode() + b"\n"
+    """json.dumps(cfg)'s bytes and a newline (fastjson: no json import)."""
+    from gpusandbox.oci import fastjson
+    return fastjson.dumps(cfg).encode() + b"\n"
 
 

@@ -8,7 +8,7 @@ byte for byte.
 Generated files (the loader cache) go to a directory of their own for this
 container, inside the caller's state directory (state_dir).  The filter
 never sees the container end, so it leaves the removal to the runtime: the
-edited config carries a poststop hook (`oci-filter --remove DIR`), which
+edited config carries a poststop hook (`sh -c 'rm -rf -- DIR ...'`), which
 runc and crun run when the container is deleted.  podman runs the filter
 each time it creates the container in the runtime (every start), so every
 directory is paired with one runtime container and its one delete.  Only a
@@ -19,57 +19,32 @@ container's directory may go that way too: its files were bound in at its
 create, and the mounts keep them.
 """
 import os
-import re
 import sys
 
 from gpusandbox.oci import configedit
-
+from gpusandbox.oci.memo import base_dir, own_dir as _own_dir
 
 GC_AGE = 24 * 3600
-_NAME = re.compile(r"c-[A-Za-z0-9_]{4,64}\Z")
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+# The poststop hook: reads the runtime's state (not needed), removes the
+# container's directory, and the state directory when it was the last one.
+# A shell and rm rather than Python: it runs in every `podman rm`.
+_REMOVE = ('while read -r _; do :; done; rm -rf -- "$1"; '
+           'rmdir -- "${1%/*}" 2>/dev/null; exit 0')
 
 
-def _uid_map():
-    try:
-        with open("/proc/self/uid_map") as f:
-            return [ln.split() for ln in f if ln.strip()]
-    except OSError:
-        return []
-
-
-def _host_uid():
-    """The caller's uid on the host (rootless podman runs hooks as root of
-    its user namespace)."""
-    uid = os.geteuid()
-    for inside, outside, count in _uid_map():
-        if int(inside) <= uid < int(inside) + int(count):
-            return int(outside) + uid - int(inside)
-    return uid
-
-
-def _own_dir(d, mode):
-    try:
-        os.mkdir(d, mode)
-    except FileExistsError:
-        pass
-    st = os.lstat(d)
-    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.geteuid() \
-            or st.st_mode & 0o022:
-        raise configedit.UsageError(f"state directory {d}", "not a directory owned by the "
-                                    "caller and closed to others")
+def _is_name(name):
+    """c- and 4 to 64 of [A-Za-z0-9_]: a directory the filter makes (no re:
+    its import alone costs more than a cached create)."""
+    return name.startswith("c-") and 4 <= len(name) - 2 <= 64 and \
+        all(ch in _NAME_CHARS for ch in name[2:])
 
 
 def state_dir(environ):
     """The caller's directory for generated files: /run/gpusandbox/oci as
     real root, /tmp/gpusandbox-<host uid>/oci otherwise (hooks get no
     XDG_RUNTIME_DIR)."""
-    real_root = os.geteuid() == 0 and _uid_map() == [["0", "0", "4294967295"]]
-    if real_root:
-        os.makedirs("/run/gpusandbox", 0o755, exist_ok=True)
-        base = "/run/gpusandbox"
-    else:
-        base = f"/tmp/gpusandbox-{_host_uid()}"
-        _own_dir(base, 0o700)
+    base, real_root = base_dir()
     d = os.path.join(base, "oci")
     _own_dir(d, 0o755 if real_root else 0o700)
     return d
@@ -89,7 +64,7 @@ def collect_garbage(base, now=None):
     import time
     now = time.time() if now is None else now
     for name in os.listdir(base):
-        if not (_NAME.match(name) or name.startswith(("ld.so.cache-", ".tmp-"))):
+        if not (_is_name(name) or name.startswith(("ld.so.cache-", ".tmp-"))):
             continue
         try:
             st = os.lstat(os.path.join(base, name))
@@ -107,17 +82,21 @@ def collect_garbage(base, now=None):
                 pass
 
 
-def cleanup_hook(name):
-    """The poststop hook that removes this container's directory."""
-    from gpusandbox.oci.hook import SAFE_PATH
-    exe = sys.executable
-    return {"path": exe, "args": [exe, "-I", "-m", "gpusandbox.oci.filter", "--remove", name],
-            "env": [f"PATH={SAFE_PATH}"], "timeout": 30}
+def cleanup_hook(path):
+    """The poststop hook that removes this container's directory (its
+    absolute path, made by _new_dir)."""
+    if not (path.startswith("/") and _is_name(os.path.basename(path))):
+        raise configedit.UsageError(f"oci-filter cleanup {path}",
+                                    "not a directory the filter made")
+    return {"path": "/bin/sh", "args": ["sh", "-c", _REMOVE, "sh", path],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "timeout": 30}
 
 
 def remove(name):
-    """`oci-filter --remove NAME`: the poststop hook's end of the pairing."""
-    if not _NAME.match(name):
+    """`oci-filter --remove NAME`: the poststop hook's end of the pairing in
+    configs an earlier version edited (cleanup_hook now runs rm)."""
+    if not _is_name(name):
         raise configedit.UsageError(f"oci-filter --remove {name}",
                                     "not a directory the filter made")
     try:
@@ -129,7 +108,12 @@ def remove(name):
 
 
 def _drop(base, name):
-    _rmtree(base, name)
+    try:
+        os.rmdir(os.path.join(base, name))      # empty: no shutil import
+    except FileNotFoundError:
+        pass
+    except OSError:
+        _rmtree(base, name)
     try:
         os.rmdir(base)      # the last one out leaves no empty directory
     except OSError:
@@ -140,12 +124,12 @@ def _new_dir(environ):
     """(state directory, a fresh directory of this container's in it); a
     --remove that took the emptied state directory away meanwhile is met
     by making it again."""
-    import tempfile
     for _ in range(3):
         base = state_dir(environ)
         collect_garbage(base)
+        mine = os.path.join(base, "c-" + os.urandom(8).hex())
         try:
-            mine = tempfile.mkdtemp(prefix="c-", dir=base)
+            os.mkdir(mine, 0o700)
         except FileNotFoundError:
             continue
         os.chmod(mine, os.stat(base).st_mode & 0o777)
@@ -173,7 +157,7 @@ def main(argv):
         if out is not None and os.listdir(mine):
             hooks = configedit._section(out, "hooks", dict)
             configedit._section(hooks, "poststop", list).append(
-                cleanup_hook(os.path.basename(mine)))
+                cleanup_hook(mine))
             mine = None
         sys.stdout.buffer.write(data if out is None else configedit.dump(out))
         sys.stdout.flush()
@@ -185,10 +169,27 @@ def main(argv):
     return 0
 
 
-if __name__ == "__main__":
+def cli():
+    """The process entry (`-m gpusandbox.oci.filter`, and the `-S` entry
+    that `hook install` writes: BOOT)."""
     from gpusandbox.errors import SandboxError, message
     try:
         sys.exit(main(sys.argv[1:]))
     except SandboxError as e:
         sys.stderr.write(message(e))
         sys.exit(e.code)
+
+
+# `python3 -I -S -c BOOT SITE`: the interpreter without site (its imports and
+# .pth files) and the package from SITE, the directory that holds it.
+BOOT = "import sys;sys.path.insert(0,sys.argv.pop(1));from gpusandbox.oci.filter import cli;cli()"
+
+
+def entry_args(python):
+    """argv of the filter for hooks.d (hook install --stage precreate)."""
+    site = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return [python, "-I", "-S", "-c", BOOT, site]
+
+
+if __name__ == "__main__":
+    cli()

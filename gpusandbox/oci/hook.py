@@ -246,8 +246,11 @@ def install(argv):
         if opts[opt]:
             env[var] = os.path.abspath(opts[opt])
     py = sys.executable
-    mod = "gpusandbox.oci.filter" if stage == "precreate" else "gpusandbox.oci.hook"
-    args = [py, "-I", "-m", mod] + ([] if stage == "precreate" else [stage])
+    if stage == "precreate":
+        from gpusandbox.oci.filter import entry_args
+        args = entry_args(py)
+    else:
+        args = [py, "-I", "-m", "gpusandbox.oci.hook", stage]
     doc = {"version": "1.0.0",
            "hook": {"path": py, "args": args, "env": [f"{k}={v}" for k, v in env.items()],
                     "timeout": 30},

@@ -71,13 +71,13 @@ def parse(argv):
 
 def log_error(opts, text):
     """One error line in the runtime's --log format (json or text), and on stderr."""
-    import json
     import time
+    from gpusandbox.oci.fastjson import dumps
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if opts.get("--log-format") == "json":
-        line = json.dumps({"level": "error", "msg": text, "time": stamp})
+        line = dumps({"level": "error", "msg": text, "time": stamp})
     else:
-        line = f"time={json.dumps(stamp)} level=error msg={json.dumps(text)}"
+        line = f"time={dumps(stamp)} level=error msg={dumps(text)}"
     path = opts.get("--log")
     if path:
         try:
@@ -107,9 +107,13 @@ def edit_bundle(bundle, environ):
         tmp = f".config.json.gpusandbox-{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      mode, dir_fd=bfd)
+        # No fsync: the runtime exec'd next reads the file from the page
+        # cache, and a crash before it did leaves a container that never
+        # ran (the engine writes the bundle again for the next create).
         try:
-            os.write(fd, configedit.dump(out))
-            os.fsync(fd)
+            view = memoryview(configedit.dump(out))
+            while view:
+                view = view[os.write(fd, view):]
         finally:
             os.close(fd)
         os.rename(tmp, "config.json", src_dir_fd=bfd, dst_dir_fd=bfd)
@@ -138,6 +142,11 @@ def main(argv=None):
         log_error(opts, f"cannot run {runtime}: {e.strerror}")
         return 1
 
+
+# `python3 -I -S -c BOOT SITE ARGS...` (bin/gpusandbox-runtime): the
+# interpreter without site (its imports and .pth files), the package from SITE.
+BOOT = ("import sys;sys.path.insert(0,sys.argv.pop(1));"
+        "from gpusandbox.oci.wrapper import main;sys.exit(main())")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -32,9 +32,15 @@ class Runners:
             uid, gid = self.user_ids
             os.chown(errdir, uid, gid)
             argv += ["--uid", str(uid), "--gid", str(gid)]
+        # view: True (the cgroup2 view), or ("dev", DIR, cgroup2 view or not):
+        # a private /dev that also holds DIR's device nodes (runner.py).
+        dev = view[1] if isinstance(view, tuple) else None
         if view:
-            argv = ["unshare", "--mount", "--propagation", "private", "--", *argv,
-                    "--cgroup2-view"]
+            argv = ["unshare", "--mount", "--propagation", "private", "--", *argv]
+            if view is True or (dev and view[2]):
+                argv.append("--cgroup2-view")
+            if dev:
+                argv += ["--dev-from", dev]
         p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=self.envs[mode],
                              cwd="/")

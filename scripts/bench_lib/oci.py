@@ -82,6 +82,13 @@ def rows(gsbx, gsbx_py, sim, image, tmp, mode, store, podman, crun, view, env, n
         return [L.Launcher(n, "podman-gpu", mode, None).skip("needs gpusandbox and the sim")
                 for n in names]
     base = _base(podman, store)
+    # Every row of this section runs where /dev also has the simulated
+    # host's nodes (a private mount namespace, runner.py): rootless podman
+    # binds a CDI device node from its container path (docs/cdi.md), which
+    # the host's /dev lacks where the GPU is simulated.
+    view = ("dev", os.path.join(sim, "dev"), bool(view))
+    note = "; ".join(n for n in (note, "/dev with the simulated nodes in a private "
+                                 "mount namespace") if n)
     wrapper = os.path.join(os.path.dirname(gsbx), "gpusandbox-runtime")
     try:
         hand = hand_flags(gsbx_py, sim, image, env)

@@ -7,7 +7,7 @@ waitpid, no shell, no setpriv in the timed path) and only the launcher's own
 cost lands in the figure.
 
 Protocol: one JSON object per line on stdin, one JSON reply per line on
-stdout.  Run as `python3 runner.py [--cgroup2-view] [--uid U --gid G]`.
+stdout.  Run as `python3 runner.py [--cgroup2-view] [--dev-from DIR] [--uid U --gid G]`.
 """
 import ctypes
 import json
@@ -148,14 +148,75 @@ def _mount_cgroup2_view():
         raise OSError(e, f"mount cgroup2 on /sys/fs/cgroup: {os.strerror(e)}")
 
 
+MS_BIND, MS_REC, MS_MOVE, MS_NOSUID = 4096, 16384, 8192, 2
+
+
+def _dev_with_nodes(src):
+    """In this process's private mount namespace, a /dev that also holds the
+    device nodes of `src` (a simulated host's dev root) at their /dev paths,
+    without touching the host's /dev: a tmpfs gets the host's entries
+    (device nodes made again with the same numbers, owner and mode,
+    directories bound with their submounts (pts, shm), links copied), then
+    each node of `src` bound over an empty file of its name (never over a
+    host entry), and the tmpfs is moved over /dev.  Rootless podman binds a
+    CDI device node from its container path (docs/cdi.md); this gives it one
+    where the GPU is simulated."""
+    import stat
+    import tempfile
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+
+    def mount(what, where, fstype, flags, data=None):
+        if libc.mount(what and what.encode(), where.encode(), fstype and fstype.encode(),
+                      flags, data and data.encode()) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"mount {what} on {where}: {os.strerror(e)}")
+
+    new = tempfile.mkdtemp(prefix="gsbx-bench-dev-")
+    mount("tmpfs", new, "tmpfs", MS_NOSUID, "mode=755")
+    old_mask = os.umask(0)
+    try:
+        for name in sorted(os.listdir("/dev")):
+            p, q = "/dev/" + name, os.path.join(new, name)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(p), q)
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                os.mkdir(q, stat.S_IMODE(st.st_mode))
+                mount(p, q, None, MS_BIND | MS_REC)
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                os.mknod(q, st.st_mode, st.st_rdev)
+            else:
+                os.close(os.open(q, os.O_WRONLY | os.O_CREAT, stat.S_IMODE(st.st_mode)))
+                mount(p, q, None, MS_BIND)
+            os.lchown(q, st.st_uid, st.st_gid)
+        for name in sorted(os.listdir(src)):
+            p, q = os.path.join(src, name), os.path.join(new, name)
+            if os.path.lexists(q):
+                continue
+            if os.path.isdir(p):
+                os.mkdir(q, 0o755)
+            else:
+                os.close(os.open(q, os.O_WRONLY | os.O_CREAT, 0o600))
+            mount(p, q, None, MS_BIND | MS_REC)
+    finally:
+        os.umask(old_mask)
+    mount(new, "/dev", None, MS_MOVE)
+    os.rmdir(new)
+
+
 def main(argv):
     uid = gid = None
     view = False
+    dev_from = None
     errfile = None
     it = iter(argv)
     for a in it:
         if a == "--cgroup2-view":
             view = True
+        elif a == "--dev-from":
+            dev_from = next(it)
         elif a == "--uid":
             uid = int(next(it))
         elif a == "--gid":
@@ -166,6 +227,8 @@ def main(argv):
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if view:
         _mount_cgroup2_view()
+    if dev_from:
+        _dev_with_nodes(dev_from)
     if gid is not None:
         os.setgroups([])
         os.setresgid(gid, gid, gid)

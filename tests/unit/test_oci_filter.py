@@ -36,10 +36,32 @@ def test_remove_takes_only_names_the_filter_makes(name):
 
 
 def test_cleanup_hook_is_schema_shaped():
-    h = ocifilter.cleanup_hook("c-abcd1234")
-    assert h["path"].startswith("/") and h["args"][1:] == [
-        "-I", "-m", "gpusandbox.oci.filter", "--remove", "c-abcd1234"]
+    h = ocifilter.cleanup_hook("/run/gpusandbox/oci/c-abcd1234")
+    assert h["path"] == "/bin/sh" and h["args"][:2] == ["sh", "-c"]
+    assert h["args"][3:] == ["sh", "/run/gpusandbox/oci/c-abcd1234"]
     assert h["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    with pytest.raises(UsageError):
+        ocifilter.cleanup_hook("/run/gpusandbox/oci/../../etc")
+
+
+def test_cleanup_hook_removes_the_directory_and_the_emptied_parent(tmp_path):
+    """The poststop hook's script, run as the runtime would (state on stdin):
+    the container's directory goes, then its parent when it was the last."""
+    import subprocess
+    base = tmp_path / "oci"
+    base.mkdir()
+    for n in ("c-aaaa1111", "c-bbbb2222"):
+        (base / n).mkdir()
+        (base / n / "ld.so.cache-x").write_bytes(b"x")
+    (base / "c-aaaa1111" / "link").symlink_to(tmp_path / "keep")
+    (tmp_path / "keep").write_text("k")
+    for n, left in (("c-aaaa1111", ["c-bbbb2222"]), ("c-bbbb2222", None)):
+        h = ocifilter.cleanup_hook(str(base / n))
+        r = subprocess.run([h["path"]] + h["args"][1:], input=b'{"ociVersion":"1.0.2"}',
+                           env=dict(e.split("=", 1) for e in h["env"]), timeout=30)
+        assert r.returncode == 0
+        assert (sorted(os.listdir(base)) if base.exists() else None) == left
+    assert (tmp_path / "keep").read_text() == "k"
 
 
 def test_apply_writes_cdi_tmpfs_mounts(tmp_path):
