@@ -263,3 +263,19 @@ def parse_ref(text):
 def looks_like_transport(text):
     """True when `text` names a transport (cheap: no parse)."""
     return text.startswith(("docker://", "oci:", "oci-archive:", "docker-archive:"))
+
+
+def store_name(text):
+    """A NAME[:TAG] for the store, or the directory error `run DIR` gives:
+    the argument may be a mistyped path as well as a name."""
+    from ..errors import UsageError
+    if os.path.exists(text):
+        raise UsageError(f"image is not a directory: {text}", None,
+                         "for an archive say which kind: docker-archive:FILE or "
+                         "oci-archive:FILE; a squashfs image must be named FILE.sqsh")
+    try:
+        return parse_ref(text)
+    except ImageError:
+        raise UsageError(f"image directory not found: {text}", None,
+                         "pass a root filesystem directory, or an image reference such as "
+                         "docker://ubuntu:22.04 or oci:DIR") from None

@@ -8,7 +8,8 @@ import sys
 
 from . import ref as refmod  # noqa: F401
 from .digest import ImageError
-from .storeread import Stores, _store_name, find, prepare, stores  # noqa: F401
+from . import store_name as _store_name  # noqa: F401
+from .storeread import Stores, find, prepare, stores  # noqa: F401
 from .storeread import run_config as _run_config  # noqa: F401
 
 

@@ -19,7 +19,8 @@ import errno
 import os
 import stat
 
-from . import ImageError, looks_like_transport, parse_digest, parse_ref, validate_digest
+from . import (ImageError, looks_like_transport, parse_digest, parse_ref, store_name,
+               validate_digest)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_REF_FILE = 200
@@ -393,8 +394,7 @@ def ref_fast(data, name):
 class Stores(list):
     """The own store (None until it exists: a lookup creates nothing), then
     the read-only site store; .root is the own store's path.  Opened for
-    reading: the write side (store.py) is imported only when something is
-    written."""
+    reading: store.py is imported only when something is written."""
 
     def writable(self):
         """The own store opened for writing, created (0700) when missing."""
@@ -432,16 +432,14 @@ def find(ref, all_stores):
 
 
 def prepare(spec):
-    """Resolve spec.image (an image reference) into a store bundle and apply
-    the image config to `spec`: the image's Env and WorkingDir as row 3 of
-    the environment table and the default -w, its Entrypoint/Cmd and User.
-    A store image is never written: it always runs under the private
-    overlay (--rw is refused).  A miss is pulled (runimage.obtain)."""
+    """Resolve spec.image (an image reference) into a store image (pulled on
+    a miss: runimage.obtain) and apply its config to `spec`.  A store image
+    is never written (--rw is refused)."""
     if spec.rootfs_mode == "rw":
         raise ImageError("--rw cannot be used with a store image",
                          "store images are shared and never written",
                          "drop --rw: writes go to a private overlay discarded at exit")
-    ref = parse_ref(spec.image) if looks_like_transport(spec.image) else _store_name(spec.image)
+    ref = parse_ref(spec.image) if looks_like_transport(spec.image) else store_name(spec.image)
     platform = None
     if spec.platform:
         from .manifest import parse_platform
@@ -500,18 +498,3 @@ def run_config(st, dig):
     from .config import parse
     return parse(st.read_blob(rec["config"]))
 
-
-def _store_name(text):
-    """A NAME[:TAG] for the store, or the directory error `run DIR` gives:
-    the argument may be a mistyped path as well as a name."""
-    from ..errors import UsageError
-    if os.path.exists(text):
-        raise UsageError(f"image is not a directory: {text}", None,
-                         "for an archive say which kind: docker-archive:FILE or "
-                         "oci-archive:FILE; a squashfs image must be named FILE.sqsh")
-    try:
-        return parse_ref(text)
-    except ImageError:
-        raise UsageError(f"image directory not found: {text}", None,
-                         "pass a root filesystem directory, or an image reference such as "
-                         "docker://ubuntu:22.04 or oci:DIR") from None

@@ -60,6 +60,7 @@ def test_the_moved_helpers_are_the_same_functions():
     assert digest.parse is pkg.parse_digest and digest.validate is pkg.validate_digest
     assert runimage.prepare is storeread.prepare and runimage.find is storeread.find
     assert runimage.stores is storeread.stores and runimage._run_config is storeread.run_config
+    assert runimage._store_name is pkg.store_name
 
 
 def test_the_root_is_held_from_the_store_fd_not_resolved_again(cached):  # noqa: F811
