@@ -6,9 +6,7 @@ re-exported here under their names (doctor, the image CLI)."""
 import os
 import sys
 
-from . import ref as refmod  # noqa: F401
-from .digest import ImageError
-from . import store_name as _store_name  # noqa: F401
+from . import ImageError, store_name as _store_name  # noqa: F401
 from .storeread import Stores, find, prepare, stores  # noqa: F401
 from .storeread import run_config as _run_config  # noqa: F401
 
