@@ -284,7 +284,7 @@ def main_run(argv):
             if pause_hook_enabled():
                 spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
         if spec.image_ref:
-            from .image.runimage import prepare
+            from .image.storeread import prepare
             prepare(spec)
         elif (spec.entrypoint is not None or spec.platform is not None) and \
                 not names_squashfs(spec.image):

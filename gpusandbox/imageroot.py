@@ -119,7 +119,7 @@ def image_root(image, held=None):
     fd is the only way the launcher and the init reach the image afterwards:
     a directory swapped for a symlink after this point changes nothing.
     `held`: the root already opened by fd (a store image, opened relative to
-    its store's fd by image/runimage.py): taken as it is, `image` only shown."""
+    its store's fd by image/storeread.py): taken as it is, `image` only shown."""
     config = None
     if held is not None:
         imgfd, display = held, image

@@ -401,7 +401,7 @@ def build(spec, host_env=None):
     rootfd = plan.rootfd
     _check_binds(spec)
     if spec.image_env is not None:
-        image_env, image_cwd = spec.image_env   # a store image (image/runimage.py)
+        image_env, image_cwd = spec.image_env   # a store image (image/storeread.py)
     else:
         image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)

@@ -86,7 +86,7 @@ class RunSpec:
         self.store = None
         self.image_ref = False       # IMAGE is an image reference (cli.is_image_ref)
         self.image_env = None        # (env items, workdir) of a store image's config
-        self.image_fd = None         # O_PATH fd of a store image's rootfs (runimage.py)
+        self.image_fd = None         # O_PATH fd of a store image's rootfs (storeread.py)
         self.pause_at = None
         self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)
         self.gpu_memory = None       # --gpu-memory text, checked by gpu/share.py

@@ -9,19 +9,22 @@ writing, publishing, locks and staging on top of this class).
 Every read is relative to the store's directory fd, with O_NOFOLLOW on the
 last component and a bounded length: a store is data (a site store is
 another user's), and what comes out of it is checked again by its caller
-(load, digest.validate).  Opening a store creates nothing.
+(load, validate_digest).  Opening a store creates nothing.
 
-The run record's reader, the platform check and the Entrypoint/Cmd rule
-are here too (runrec.py writes the record and re-exports them): a cached
-`run` loads this module, not one more."""
+The run record's reader, the platform check, the Entrypoint/Cmd rule and
+`run`'s lookup of a store image (prepare) are here too (runrec.py writes
+the record, runimage.py pulls on a miss; both re-export these): with the
+package itself, this is the only image module a cached `run` loads."""
+import errno
 import os
 import stat
 
-from . import digest as digestmod
-from .digest import ImageError
+from . import (ImageError, looks_like_transport, parse_digest, parse_ref, store_name,
+               validate_digest)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_REF_FILE = 200
+_LOCK_SH, _LOCK_NB = 1, 4      # <sys/file.h>, as fcntl.LOCK_SH and LOCK_NB
 
 
 def default_root(environ=None):
@@ -110,7 +113,7 @@ class StoreReader:
 
     @staticmethod
     def blob_path(dig):
-        alg, hexpart = digestmod.parse(dig)
+        alg, hexpart = parse_digest(dig)
         return f"blobs/{alg}/{hexpart}"
 
     def has_blob(self, desc):
@@ -137,7 +140,7 @@ class StoreReader:
     # -- images -----------------------------------------------------------
 
     def image_dir(self, dig):
-        return "images/" + digestmod.parse(dig, "manifest digest")[1]
+        return "images/" + parse_digest(dig, "manifest digest")[1]
 
     def has_image(self, dig):
         try:
@@ -172,18 +175,22 @@ class StoreReader:
         image in use.  Never waits: a reader does not queue behind a writer."""
         if self.readonly:
             return None
-        import fcntl
+        # flock(2) through the launch's own libc handle (linux/sys.py, loaded
+        # by every launch): the fcntl module would be one more import.
+        from ..linux.sys import libc
         try:
             fd = os.open(self.image_dir(dig) + "/used", os.O_RDONLY | os.O_NOFOLLOW
                          | os.O_CLOEXEC, dir_fd=self.fd)
         except FileNotFoundError:
             return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if libc.flock(fd, _LOCK_SH | _LOCK_NB) == -1:
+            import ctypes
+            err = ctypes.get_errno()
             os.close(fd)
-            raise ImageError(f"image {dig[:19]} is being removed (gpusandbox rmi or prune)",
-                             None, "pull it again") from None
+            if err == errno.EWOULDBLOCK:
+                raise ImageError(f"image {dig[:19]} is being removed (gpusandbox rmi or prune)",
+                                 None, "pull it again")
+            raise OSError(err, f"flock of images/{dig[7:]}/used: {os.strerror(err)}")
         return fd
 
     def image_digests(self):
@@ -196,7 +203,7 @@ class StoreReader:
         for n in sorted(names):
             dig = "sha256:" + n
             try:
-                digestmod.validate(dig)
+                validate_digest(dig)
             except ImageError:
                 continue
             if self.has_image(dig):
@@ -227,7 +234,7 @@ class StoreReader:
         if not isinstance(rec, dict) or rec.get("name") != name:
             return None
         try:
-            digestmod.validate(rec.get("digest"))
+            validate_digest(rec.get("digest"))
         except ImageError:
             return None
         return rec["digest"]
@@ -244,7 +251,7 @@ class StoreReader:
         for fname in sorted(names):
             try:
                 rec = json.loads(self.read_file("refs/" + fname, 1 << 16))
-                name, dig = rec["name"], digestmod.validate(rec["digest"])
+                name, dig = rec["name"], validate_digest(rec["digest"])
             except (OSError, ValueError, KeyError, TypeError, ImageError):
                 continue
             if escape(name) == fname:
@@ -321,7 +328,7 @@ def load(data):
         if next(it) != MAGIC:
             return None
         r = RunConfig()
-        r.config = digestmod.validate(next(it))
+        r.config = validate_digest(next(it))
         r.os, r.architecture, r.variant, r.user, r.workdir = (_opt(it) for _ in range(5))
         r.entrypoint, r.cmd, env = _list(it), _list(it), _list(it)
         if next(it, None) is not None or r.os is None or r.architecture is None \
@@ -380,3 +387,114 @@ def ref_fast(data, name):
     if not dig.isascii() or b'"' in dig or b"\\" in dig:
         return None
     return {"name": name, "digest": dig.decode()}
+
+
+# -- `run IMAGE` of an image reference -------------------------------------
+
+class Stores(list):
+    """The own store (None until it exists: a lookup creates nothing), then
+    the read-only site store; .root is the own store's path.  Opened for
+    reading: store.py is imported only when something is written."""
+
+    def writable(self):
+        """The own store opened for writing, created (0700) when missing."""
+        from .store import Store
+        if not isinstance(self[0], Store):
+            if self[0] is not None:
+                self[0].close()
+            self[0] = Store(self.root)
+        return self[0]
+
+
+def stores(root=None, environ=None):
+    env = os.environ if environ is None else environ
+    path = os.path.abspath(root or default_root(env))
+    out = Stores([StoreReader(path) if os.path.isdir(path) else None])
+    out.root = path
+    site = env.get("GPUSANDBOX_SITE_STORE")
+    if site and os.path.isdir(site):
+        out.append(StoreReader(site, readonly=True))
+    return out
+
+
+def find(ref, all_stores):
+    """(store, manifest digest) of a store or registry reference, or None."""
+    name = ref.canonical()
+    for st in all_stores:
+        if st is None:
+            continue
+        dig = st.get_ref(name)
+        if dig is None and ref.digest and st.has_image(ref.digest):
+            dig = ref.digest
+        if dig is not None and st.has_image(dig):
+            return st, dig
+    return None
+
+
+def prepare(spec):
+    """Resolve spec.image (an image reference) into a store image (pulled on
+    a miss: runimage.obtain) and apply its config to `spec`.  A store image
+    is never written (--rw is refused)."""
+    if spec.rootfs_mode == "rw":
+        raise ImageError("--rw cannot be used with a store image",
+                         "store images are shared and never written",
+                         "drop --rw: writes go to a private overlay discarded at exit")
+    ref = parse_ref(spec.image) if looks_like_transport(spec.image) else store_name(spec.image)
+    platform = None
+    if spec.platform:
+        from .manifest import parse_platform
+        platform = parse_platform(spec.platform)
+    all_stores = stores(spec.store)
+    hit = find(ref, all_stores) if ref.transport in ("store", "docker") else None
+    if hit is None:
+        import sys
+        from .progress import Progress
+        from .runimage import obtain
+        # A pull on a miss shows progress on a terminal, and as plain lines
+        # for a registry (minutes, in a batch log); a local import stays quiet.
+        mode = "tty" if sys.stderr.isatty() else "plain" if ref.transport == "docker" \
+            else "none"
+        hit = obtain(ref, all_stores, platform, progress=Progress(mode))
+    st, dig = hit
+    # Held, never closed: rmi and prune leave the image alone while the
+    # launcher (and the sandbox it waits for) lives.
+    st.hold(dig)
+    conf = run_config(st, dig)
+    check_platform(conf, platform or host_platform(), platform is not None)
+    # The rootfs opened relative to the store's fd (no path is resolved
+    # again): the plan takes this fd as the root, and spec.image only shows.
+    spec.image_fd = os.open(st.image_dir(dig) + "/rootfs", os.O_PATH | os.O_DIRECTORY
+                            | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=st.fd)
+    spec.image = st.bundle(dig) + "/rootfs"
+    # The plan takes Env and WorkingDir from here rather than parsing the
+    # bundle's config.json again (which says the same: both come from conf).
+    spec.image_env = (list(conf.env), conf.workdir or "/")
+    spec.argv = command(conf, spec.argv, spec.entrypoint)
+    if not spec.argv:
+        raise ImageError(f"no command to run in {ref.canonical()}",
+                         "the image has no Entrypoint or Cmd",
+                         "give one: gpusandbox run IMAGE CMD [ARG...]")
+    if conf.user and spec.user is None and not spec.fakeroot and \
+            conf.user not in ("0", "root", "0:0", "root:root"):
+        from .runimage import apply_user
+        apply_user(spec, conf, spec.image_fd)
+    st.touch(dig)
+
+
+def run_config(st, dig):
+    """The image's config for `run`: its run record (read by load: no
+    JSON), or the config blob parsed when the record is missing or
+    unreadable (an image pulled before records existed)."""
+    try:
+        conf = load(st.read_file(st.image_dir(dig) + "/" + NAME, MAX_FILE + 1))
+    except OSError:
+        conf = None
+    if conf is not None:
+        return conf
+    rec = st.image_record(dig)
+    if not rec:
+        raise ImageError(f"image {dig} in {st.root} has no readable record", None,
+                         "remove it with 'gpusandbox rmi' and pull it again")
+    from .config import parse
+    return parse(st.read_blob(rec["config"]))
+
