@@ -63,12 +63,19 @@ def mounts(plan, rootfd, src):
             os.close(fd)
 
 
-def wait_start(plan, err_w, src):
+def wait_start(plan, err_w, src, tty_slave=None):
     """Say READY to `create`, then block in open(2) of the exec fifo until
     `start` opens its other end.  `create` has gone by then, so the error
     channel becomes the container's stderr (conmon's log) with text lines.
-    Returns the new error fd."""
+    With a terminal, the container's stdio is the pty from here on, as
+    runc's init has it: the init must not keep `create`'s own stdout and
+    stderr, which containerd's runc shim reads to EOF before it takes the
+    console and answers the create (docker run -t).  Returns the new error
+    fd."""
     os.write(err_w, READY)
+    if tty_slave is not None:
+        for fd in (0, 1, 2):
+            os.dup2(tty_slave, fd)
     os.dup2(2, err_w, inheritable=False)
     channel.PLAIN.append(True)
     fifo = src["fifo"]
