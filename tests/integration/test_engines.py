@@ -84,7 +84,7 @@ def _images(d):
             tf.add(root / name, arcname=name)
     base = buf.getvalue()
     cfg = dict(Env=[f"PATH={ENV['PATH']}"], Cmd=["/bin/sh"])
-    man, blobs = fx.build_image([base], **cfg)
+    man, blobs = fx.build_image([base], gzip_layers=False, **cfg)
     fx.tar_dir(fx.write_layout(str(d / "layout"), [("1", man, blobs)]), str(d / "oci.tar"))
     fx.write_docker_archive(str(d / "docker.tar"), [(["gsbx/engines:1"], [base], cfg)])
     shutil.rmtree(root)
