@@ -33,6 +33,10 @@ DOCKER = "/usr/bin/docker"
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 # Every cgroup the engines make (runc's, through the wrapper) is under this.
 CGROUP = f"gsbx-test-engines-{os.getpid()}"
+# The engines' default places on the host, which the private daemons must
+# leave as they were.
+HOST_PATHS = ("/run/containerd", "/run/docker", "/run/docker.sock", "/etc/docker/key.json",
+              "/var/lib/containerd", "/var/lib/docker", "/opt/containerd")
 # Debian 12's /etc/containerd/config.toml as the package ships it: what an
 # admin runs `gpusandbox runtime configure --runtime containerd` on.
 DEBIAN_CONFIG = """version = 2
@@ -139,6 +143,7 @@ def containerd(cli, sim_host):
     d = Path(tempfile.mkdtemp(prefix="gsbx-test-engines-", dir="/tmp"))
     os.chmod(d, 0o755)
     proc = None
+    host_paths = {p: os.path.lexists(p) for p in HOST_PATHS}
     try:
         oci_tar, docker_tar = _images(d)
         (d / "fifo").mkdir()
@@ -183,6 +188,8 @@ def containerd(cli, sim_host):
             _teardown(d, proc)
         shutil.rmtree(d, ignore_errors=True)
     assert not pids_with(str(d)), "a process of the engines was left behind"
+    assert {p: os.path.lexists(p) for p in HOST_PATHS} == host_paths, \
+        "the engines wrote to the host's default paths"
     assert not _remove_cgroups(), "a cgroup of the engines was left behind"
 
 
