@@ -318,9 +318,10 @@ class Docker:
         self.d = d
         self.env = dict(ENV, DOCKER_HOST=f"unix://{d}/docker.sock", HOME=str(d))
 
-    def __call__(self, *args, timeout=60, check=True):
+    def __call__(self, *args, timeout=60, check=True, input=None):
         r = subprocess.run([DOCKER] + list(args), capture_output=True, text=True,
-                           timeout=timeout, env=self.env, stdin=subprocess.DEVNULL, cwd="/")
+                           timeout=timeout, env=self.env, cwd="/", input=input,
+                           stdin=subprocess.DEVNULL if input is None else None)
         if check:
             assert r.returncode == 0, (args, r.stdout, r.stderr)
         return r
@@ -363,7 +364,7 @@ def docker(cli, containerd):
 def test_docker_run(docker):
     """docker run --rm with the runtimes daemon.json registers: GPU 1
     through gpusandbox-oci and GPU 0 through the wrapper over runc, exit
-    codes; a terminal (-t) through the console socket."""
+    codes; a terminal (-t) through the console socket; stdin (-i)."""
     rts = json.loads(docker("info", "--format", "{{json .Runtimes}}").stdout)
     assert rts["gpusandbox"]["path"] == OCI and rts["gpusandbox-runtime"]["path"] == WRAPPER
     r = docker("run", "--rm", "--runtime", "gpusandbox", "--network", "none", "-e",
@@ -378,6 +379,10 @@ def test_docker_run(docker):
     r = docker("run", "--rm", "-t", "--runtime", "gpusandbox", "--network", "none",
                "gsbx/engines:1", "sh", "-c", "tty; exit 9", check=False)
     assert (r.returncode, r.stdout.strip()) == (9, "/dev/pts/0"), r.stderr
+    r = docker("run", "--rm", "-i", "--runtime", "gpusandbox", "--network", "none",
+               "gsbx/engines:1", "sh", "-c", "tr a-z A-Z; exit 4", input="piped in\n",
+               check=False)
+    assert (r.returncode, r.stdout) == (4, "PIPED IN\n"), r.stderr
     assert docker("ps", "-aq").stdout == ""
 
 
