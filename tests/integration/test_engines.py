@@ -182,6 +182,12 @@ def containerd(cli, sim_host):
         assert up and proc.poll() is None, (d / "containerd.log").read_text()[-3000:]
         ctd.ctr("images", "import", "--base-name", "docker.io/gsbx/engines", str(oci_tar))
         ctd.docker_tar = docker_tar
+        # The configuration containerd loaded from the file (defaults merged).
+        r = subprocess.run(["containerd", "--config", str(conf), "config", "dump"],
+                           capture_output=True, text=True, timeout=60, env=ENV)
+        assert r.returncode == 0, r.stderr
+        ctd.runtimes = tomllib.loads(r.stdout)["plugins"]["io.containerd.grpc.v1.cri"][
+            "containerd"]["runtimes"]
         yield ctd
     finally:
         if proc is not None:
@@ -228,23 +234,16 @@ def test_containerd_loads_the_configured_runtimes(containerd):
     cri = [ln.split() for ln in plugins.splitlines() if ln.split()[:2] == ["io.containerd.grpc.v1",
                                                                           "cri"]]
     assert cri and cri[0][-1] == "ok", plugins
-    r = subprocess.run(["containerd", "--config", str(containerd.conf), "config", "dump"],
-                       capture_output=True, text=True, timeout=60, env=ENV)
-    assert r.returncode == 0, r.stderr
-    rts = tomllib.loads(r.stdout)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"][
-        "runtimes"]
+    rts = containerd.runtimes
     assert rts["gpusandbox"]["runtime_type"] == "io.containerd.runc.v2"
     assert rts["gpusandbox"]["options"]["BinaryName"] == OCI
     assert rts["gpusandbox-runtime"]["options"]["BinaryName"] == WRAPPER
-    containerd.binaries = {k: v["options"]["BinaryName"] for k, v in rts.items()
-                           if "BinaryName" in v.get("options", {})}
 
 
 def _binary(containerd, name):
-    """The BinaryName containerd loaded for `name` (as the CRI plugin would
-    hand the shim), else the path `runtime configure` was given."""
-    return getattr(containerd, "binaries", {}).get(name) or \
-        {"gpusandbox": OCI, "gpusandbox-runtime": WRAPPER}[name]
+    """The BinaryName containerd loaded from the configured file for the
+    runtime `name`: what the CRI plugin hands the runc shim."""
+    return containerd.runtimes[name]["options"]["BinaryName"]
 
 
 def test_ctr_run_through_gpusandbox_oci(containerd):
