@@ -36,7 +36,7 @@ CGROUP = f"gsbx-test-engines-{os.getpid()}"
 # The engines' default places on the host, which the private daemons must
 # leave as they were.
 HOST_PATHS = ("/run/containerd", "/run/docker", "/run/docker.sock", "/etc/docker/key.json",
-              "/var/lib/containerd", "/var/lib/docker", "/opt/containerd")
+              "/var/lib/containerd", "/var/lib/docker", "/opt/containerd", "/etc/cni")
 # Debian 12's /etc/containerd/config.toml as the package ships it: what an
 # admin runs `gpusandbox runtime configure --runtime containerd` on.
 DEBIAN_CONFIG = """version = 2
@@ -109,7 +109,8 @@ def _remove_cgroups():
     """Our cgroup parent in every hierarchy, deepest first; returns what is
     still there."""
     left = []
-    for top in Path("/sys/fs/cgroup").glob(f"*/{CGROUP}*"):
+    for top in [t for name in (CGROUP, CGROUP + "-docker")
+                for t in Path("/sys/fs/cgroup").glob(f"*/{name}")]:
         for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
             try:
                 os.rmdir(dirpath)
@@ -158,7 +159,10 @@ def containerd(cli, sim_host):
                    '"io.containerd.snapshotter.v1.aufs", '
                    '"io.containerd.tracing.processor.v1.otlp"]\n\n'
                    f'[grpc]\n  address = "{sock}"\n\n[ttrpc]\n  address = "{sock}.ttrpc"\n')
-        conf.write_text(DEBIAN_CONFIG.replace("version = 2\n", "version = 2\n" + private, 1))
+        # The CRI plugin makes its CNI config directory when missing: the
+        # test's own.
+        conf.write_text(DEBIAN_CONFIG.replace("version = 2\n", "version = 2\n" + private, 1)
+                        .replace('"/etc/cni/net.d"', f'"{d}/cni"'))
         for name, path in (("gpusandbox", OCI), ("gpusandbox-runtime", WRAPPER)):
             r = subprocess.run([cli, "runtime", "configure", "--runtime", "containerd",
                                 "--config", str(conf), "--name", name, "--path", path],
@@ -192,7 +196,10 @@ def containerd(cli, sim_host):
     finally:
         if proc is not None:
             _teardown(d, proc)
+        with open("/proc/self/mountinfo") as f:
+            leaked = str(d) in f.read()
         shutil.rmtree(d, ignore_errors=True)
+    assert not leaked, "a mount of the engines reached the host's namespace"
     assert not pids_with(str(d)), "a process of the engines was left behind"
     assert {p: os.path.lexists(p) for p in HOST_PATHS} == host_paths, \
         "the engines wrote to the host's default paths"
@@ -222,8 +229,6 @@ def _teardown(d, proc):
             pass
     wait_for(lambda: not pids_with(str(d)), timeout=10)
     _remove_cgroups()
-    with open("/proc/self/mountinfo") as f:
-        assert str(d) not in f.read(), "a mount of the engines reached the host's namespace"
 
 
 def test_containerd_loads_the_configured_runtimes(containerd):
