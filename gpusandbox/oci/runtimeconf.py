@@ -71,13 +71,25 @@ def containerd(text, name, path):
     except tomllib.TOMLDecodeError as e:
         raise UsageError("containerd config", f"not valid TOML: {e}") from None
     if version >= 3:
-        base = f"plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{name}"
+        plugin, top = "plugins.'io.containerd.cri.v1.runtime'", "io.containerd.cri.v1.runtime"
     elif version == 2:
-        base = f'plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{name}'
+        plugin, top = 'plugins."io.containerd.grpc.v1.cri"', "io.containerd.grpc.v1.cri"
     else:
-        base = f"plugins.cri.containerd.runtimes.{name}"
+        plugin, top = "plugins.cri", "cri"
+    base = f"{plugin}.containerd.runtimes.{name}"
     text = _set_table(text, base, ['runtime_type = "io.containerd.runc.v2"'])
     text = _set_table(text, base + ".options", [f"BinaryName = {_q(path)}"])
+    # containerd reads a `runtimes` table from the file in place of its
+    # built-in one, so a file that names only ours loses the default `runc`
+    # entry and the CRI plugin refuses to load ("no corresponding runtime
+    # configured ... for default_runtime_name"): the default runtime gets
+    # its built-in entry when the file has none.
+    ctd = tomllib.loads(text).get("plugins", {}).get(top, {}).get("containerd", {})
+    default = ctd.get("default_runtime_name", "runc")
+    if isinstance(default, str) and default not in ctd.get("runtimes", {}):
+        key = default if re.fullmatch(r"[A-Za-z0-9_-]+", default) else _q(default)
+        text = _set_table(text, f"{plugin}.containerd.runtimes.{key}",
+                          ['runtime_type = "io.containerd.runc.v2"'])
     if not re.search(r"^version\s*=", text, re.M):
         text = "version = 2\n\n" + text
     return text

@@ -315,7 +315,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             tty_slave = _open_pty(tty_sock)
         if oci_src is not None:
             step = "waiting for start"
-            err_w = ocisetup.wait_start(plan, err_w, oci_src)
+            err_w = ocisetup.wait_start(plan, err_w, oci_src, tty_slave)
         step = "starting the command"
         pid = os.fork()
         if pid == 0:

@@ -36,11 +36,36 @@ def _attrs(mnt):
             | (k.MOUNT_ATTR_NODEV if mnt.nodev else 0) | (k.MOUNT_ATTR_NOEXEC if mnt.noexec else 0))
 
 
+def _own_run(plan):
+    """The config's tmpfs at /run, which the init's own /run stands for."""
+    for mnt in plan.oci.mounts:
+        if mnt.destination == "/run" and mnt.kind == "fs" and mnt.fstype == "tmpfs" \
+                and not mnt.ro:
+            return mnt
+    return None
+
+
+def run_tmpfs(plan, data, attrs):
+    """(data options, mount attributes) of the init's own /run: the config's
+    (size, mode; noexec added to ours) when it mounts a tmpfs there, as
+    containerd's default spec does.  Mounted over ours later, it would hide
+    what GPU injection put under /run (the libraries of a written-through
+    root in /run/gpusandbox/lib, which the bound loader cache names; the
+    persistenced socket)."""
+    mnt = _own_run(plan)
+    if mnt is None:
+        return data, attrs
+    return mnt.data, attrs | _attrs(mnt)
+
+
 def mounts(plan, rootfd, src):
     """The config's mounts in its order, after the system mounts (so a
     config's /dev/shm or /tmp goes over ours), then its sysctls (before the
     masking makes /proc/sys read-only)."""
+    own_run = _own_run(plan)
     for mnt, fd in zip(plan.oci.mounts, src["binds"]):
+        if mnt is own_run:
+            continue
         if fd is not None:
             m.restrict(fd, ro=mnt.ro, nosuid=mnt.nosuid, nodev=mnt.nodev, noexec=mnt.noexec,
                        recursive=mnt.recursive)
@@ -63,12 +88,19 @@ def mounts(plan, rootfd, src):
             os.close(fd)
 
 
-def wait_start(plan, err_w, src):
+def wait_start(plan, err_w, src, tty_slave=None):
     """Say READY to `create`, then block in open(2) of the exec fifo until
     `start` opens its other end.  `create` has gone by then, so the error
     channel becomes the container's stderr (conmon's log) with text lines.
-    Returns the new error fd."""
+    With a terminal, the container's stdio is the pty from here on, as
+    runc's init has it: the init must not keep `create`'s own stdout and
+    stderr, which containerd's runc shim reads to EOF before it takes the
+    console and answers the create (docker run -t).  Returns the new error
+    fd."""
     os.write(err_w, READY)
+    if tty_slave is not None:
+        for fd in (0, 1, 2):
+            os.dup2(tty_slave, fd)
     os.dup2(2, err_w, inheritable=False)
     channel.PLAIN.append(True)
     fifo = src["fifo"]

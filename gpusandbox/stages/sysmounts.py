@@ -8,6 +8,7 @@ import os
 from ..linux import mounts as m
 from ..linux import sys as k
 from ..plan import MASKED_DIRS, MASKED_FILES, READONLY_PATHS, STD_DEVICES
+from . import ocisetup
 
 
 def sysfs_alone():
@@ -81,8 +82,11 @@ def system_mounts(plan, rootfd, src):
         os.close(devfd)
     tmp_attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
     for path, mode in (("/dev/shm", "1777"), ("/tmp", "1777"), ("/run", "0755")):
+        data, attrs = (f"mode={mode}",), tmp_attrs
+        if path == "/run" and plan.oci is not None:
+            data, attrs = ocisetup.run_tmpfs(plan, data, attrs)
         fs = src.pop("shm") if path == "/dev/shm" and "shm" in src else \
-            m.new_fs("tmpfs", (f"mode={mode}",), tmp_attrs)
+            m.new_fs("tmpfs", data, attrs)
         m.attach(fs, tgt(rootfd, path, strict=True), f"mounting {path}")
 
 

@@ -195,3 +195,33 @@ def test_cdi_names_go_through_the_cdi_resolver(tmp_path, monkeypatch):
     cfg = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0,1"]}}
     with pytest.raises(UsageError):
         configedit.edit(cfg, {}, str(tmp_path))
+
+
+def test_containerd_keeps_default_runtime(tmp_path):
+    """A file whose runtimes table names only ours would replace containerd's
+    built-in one: the default runtime (runc, or default_runtime_name) is
+    written too, unless the file has it already."""
+    debian = ('version = 2\n\n[plugins]\n  [plugins."io.containerd.grpc.v1.cri"]\n'
+              '    [plugins."io.containerd.grpc.v1.cri".cni]\n'
+              '      bin_dir = "/usr/lib/cni"\n')
+    for text in (debian, None):
+        p = configure(tmp_path, "containerd", text, f"c{text is None}")
+        rts = tomllib.loads(p.read_text())["plugins"]["io.containerd.grpc.v1.cri"][
+            "containerd"]["runtimes"]
+        assert rts["runc"] == {"runtime_type": "io.containerd.runc.v2"}
+        assert rts["gpusandbox"]["options"]["BinaryName"] == W
+    p = configure(tmp_path, "containerd", 'version = 3\n', "v3")
+    ctd = tomllib.loads(p.read_text())["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
+    assert ctd["runtimes"]["runc"] == {"runtime_type": "io.containerd.runc.v2"}
+    own = ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+           'default_runtime_name = "crun"\n'
+           '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun]\n'
+           'runtime_type = "io.containerd.runc.v2"\n')
+    p = configure(tmp_path, "containerd", own, "own")
+    rts = tomllib.loads(p.read_text())["plugins"]["io.containerd.grpc.v1.cri"]["containerd"][
+        "runtimes"]
+    assert sorted(rts) == ["crun", "gpusandbox"]
+    p = configure(tmp_path, "containerd", own.replace("runtimes.crun]", "runtimes.x]"), "nodef")
+    rts = tomllib.loads(p.read_text())["plugins"]["io.containerd.grpc.v1.cri"]["containerd"][
+        "runtimes"]
+    assert sorted(rts) == ["crun", "gpusandbox", "x"]
