@@ -2,6 +2,7 @@
 root and rootless, on a simulated host of the test's own that it changes
 under the memo: a create after a change never gets the old edits, and a
 memoised create loads none of the heavy modules."""
+import functools
 import json
 import os
 import shutil
@@ -13,9 +14,15 @@ import pytest
 from .conftest import CLI, MODES
 from .oci_fixtures import PYTHON, make_rootfs
 
-SITE = subprocess.run([PYTHON, "-I", "-c", "import gpusandbox, os; print(os.path.dirname("
-                       "os.path.dirname(gpusandbox.__file__)))"],
-                      capture_output=True, text=True).stdout.strip()
+@functools.lru_cache(maxsize=None)
+def _site():
+    """The installed package's directory, asked of the test venv once it exists
+    (the session's `cli` fixture installs it, after collection)."""
+    return subprocess.run([PYTHON, "-I", "-c", "import gpusandbox, os; print(os.path.dirname("
+                           "os.path.dirname(gpusandbox.__file__)))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
 # What a memoised create must not import: discovery and injection (the
 # memo's point), and the stdlib modules whose imports cost more than the
 # whole memoised edit.
@@ -54,7 +61,7 @@ def _sim(root, *args):
 def _filter(mode, user, base, root, vis="all"):
     cfg = {"ociVersion": "1.0.2", "root": {"path": os.path.join(base, "rootfs")},
            "process": {"args": ["true"], "env": ["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={vis}"]}}
-    argv = [PYTHON, "-I", "-S", "-c", FILTER, SITE]
+    argv = [PYTHON, "-I", "-S", "-c", FILTER, _site()]
     if mode == "rootless":
         argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
                 "--clear-groups", "--"] + argv
@@ -77,7 +84,7 @@ def _wrapper(mode, user, base, root):
            "process": {"args": ["true"], "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]}}
     with open(os.path.join(bundle, "config.json"), "w") as f:
         json.dump(cfg, f)
-    argv = [PYTHON, "-I", "-S", "-c", WRAPPER, SITE, "create", "--bundle", bundle, "w1"]
+    argv = [PYTHON, "-I", "-S", "-c", WRAPPER, _site(), "create", "--bundle", bundle, "w1"]
     if mode == "rootless":
         subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", bundle], check=True)
         argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
