@@ -113,10 +113,32 @@ def _open_for_start(fifo):
         os.close(ino)
 
 
+def process_settings(ps):
+    """The config's scheduling settings (oci/configproc.py), while the command
+    stage still holds its capabilities (a real-time policy or I/O class
+    needs CAP_SYS_NICE / CAP_SYS_ADMIN); all survive the execve.  The
+    memory policy first: it applies to what the process allocates next."""
+    from ..linux import procsched
+    if ps.cpus_initial is not None:
+        procsched.set_affinity(ps.cpus_initial)
+    if ps.mempolicy is not None:
+        procsched.set_mempolicy(*ps.mempolicy)
+    if ps.ioprio is not None:
+        procsched.set_ioprio(ps.ioprio)
+    if ps.sched is not None:
+        procsched.set_scheduler(*ps.sched)
+
+
 def before_exec(plan):
     """Process settings that apply to the command only."""
     if plan.oci.umask is not None:
         os.umask(plan.oci.umask)
+    ps = getattr(plan.oci, "proc", None)
+    if ps is not None and ps.cpus_final is not None:
+        # execCPUAffinity.final: the workload's own CPUs, set last so that the
+        # setup before it ran on the initial ones (runtime-spec config.md).
+        from ..linux import procsched
+        procsched.set_affinity(ps.cpus_final)
 
 
 def seccomp_early(plan):

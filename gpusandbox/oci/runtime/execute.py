@@ -83,6 +83,8 @@ def _plan(st, proc, rest_flags=()):
     groups = user.get("additionalGids")
     x.groups = [g for g in groups if isinstance(g, int)] if isinstance(groups, list) else None
     x.umask = user.get("umask") if isinstance(user.get("umask"), int) else None
+    from ..configproc import parse as proc_settings
+    x.proc = proc_settings(proc) or None
     plan.oci = x
     seccomp = (conf.get("linux") or {}).get("seccomp")
     if seccomp:
