@@ -55,7 +55,9 @@ class OciExtras:
     __slots__ = ("mounts", "masked", "readonly", "sysctl", "rlimits", "groups", "umask",
                  "fifo", "oom_score_adj", "hooks", "annotations", "ns_join", "terminal",
                  # (bounding, effective, permitted, inheritable, ambient) numbers
-                 "caps", "nnp", "domainname")
+                 "caps", "nnp", "domainname",
+                 # configproc.ProcSettings, or None
+                 "proc")
 
 
 def _bad(path, why, hint=None):
@@ -185,11 +187,15 @@ def _namespaces(linux, real_root):
             join.append((t, path))
         else:
             flags |= NS_FLAGS[t]
-    for t in ("mount", "pid"):
-        if t not in seen:
-            raise _bad("linux.namespaces", f"no {t} namespace: sharing the host's is not supported")
-    if "uts" not in seen:
-        raise _bad("linux.namespaces", "no uts namespace: sharing the host's is not supported")
+    # The init builds the root in a mount namespace of its own: always new.
+    # Without a pid or uts namespace the container shares the host's, as
+    # runc's does (the workload is then no pid 1; only root can mount a
+    # procfs of the host's pid namespace, so a user namespace needs one).
+    if "mount" not in seen:
+        raise _bad("linux.namespaces", "no mount namespace: sharing the host's is not supported")
+    if "pid" not in seen and "user" in seen:
+        raise _bad("linux.namespaces", "a user namespace needs a pid namespace as well",
+                   "a procfs of the host's pid namespace cannot be mounted in it")
     if not real_root and "user" not in seen:
         raise _bad("linux.namespaces", "a rootless container needs a user namespace")
     return flags | NS_FLAGS["cgroup"], join, "user" in seen
@@ -211,7 +217,7 @@ def _idmaps(linux):
 
 
 def _refuse_unknown(conf, linux, proc):
-    for key in ("intelRdt", "personality", "timeOffsets", "memoryPolicy"):
+    for key in ("intelRdt", "personality", "timeOffsets"):
         if linux.get(key):
             raise _bad("linux", f"{key} is not supported")
     if linux.get("rootfsPropagation") not in (None, "", "private", "rprivate", "slave",
@@ -222,12 +228,39 @@ def _refuse_unknown(conf, linux, proc):
         raise _bad("linux", "mountLabel: no LSM support in gpusandbox")
     if proc.get("apparmorProfile") or proc.get("selinuxLabel"):
         raise _bad("process", "apparmorProfile/selinuxLabel: no LSM support in gpusandbox")
-    if (proc.get("ioPriority") or proc.get("scheduler") or proc.get("execCPUAffinity")):
-        raise _bad("process", "ioPriority/scheduler/execCPUAffinity are not supported")
     hooks = _get(conf, "hooks", dict, "hooks", {})
     for stage in ("createContainer", "startContainer"):
         if hooks.get(stage):
             raise _bad("hooks", f"{stage} hooks (run inside the container) are not supported")
+
+
+IPC_SYSCTLS = {"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem",
+               "kernel.shmall", "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced"}
+
+
+def _sysctl_namespaced(key, val, flags, join, domainname):
+    """A sysctl is written only where it belongs to a namespace of the
+    container's own (runc's and crun's rule): anything else would change the
+    host for every process on it."""
+    joined = {t for t, _ in join}
+    where = "linux.sysctl"
+    if key in IPC_SYSCTLS or key.startswith("fs.mqueue."):
+        if not flags & NS_FLAGS["ipc"] and "ipc" not in joined:
+            raise _bad(where, f"{key} needs the container's own ipc namespace")
+    elif key.startswith("net."):
+        if not flags & NS_FLAGS["network"] and "network" not in joined:
+            raise _bad(where, f"{key} needs the container's own network namespace")
+    elif key == "kernel.domainname":
+        if not flags & NS_FLAGS["uts"]:
+            raise _bad(where, f"{key} needs the container's own uts namespace")
+        if domainname and domainname != val:
+            raise _bad(where, f"{key} {val!r} conflicts with domainname {domainname!r}")
+    elif key == "kernel.hostname":
+        raise _bad(where, f"{key}: set the config's hostname instead")
+    else:
+        raise _bad(where, f"{key} is not in a namespace of the container's own",
+                   "only ipc (kernel.msg*, kernel.sem, kernel.shm*, fs.mqueue.*), "
+                   "network (net.*) and kernel.domainname sysctls can be set")
 
 
 def _resources(spec, linux):
@@ -316,6 +349,7 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         if not all(w and w.replace("_", "").replace("-", "").isalnum() for w in key.split(".")) \
                 or not isinstance(val, str):
             raise _bad("linux.sysctl", f"invalid key {key!r}")
+        _sysctl_namespaced(key, val, flags, join, conf.get("domainname"))
         x.sysctl.append((key, val))
     x.rlimits = []
     for i, r in enumerate(_get(proc, "rlimits", list, "process", [])):
@@ -335,8 +369,12 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
     x.nnp = _get(proc, "noNewPrivileges", bool, "process", False)
     x.domainname = _get(conf, "domainname", str, "domainname") or None
+    from .configproc import parse as proc_settings
+    x.proc = proc_settings(proc, linux) or None
     if x.domainname and not flags & NS_FLAGS["uts"]:
         raise _bad("domainname", "needs a new uts namespace")
+    if spec.hostname and not flags & NS_FLAGS["uts"]:
+        raise _bad("hostname", "needs a new uts namespace")
     caps = x.caps[1]
     seccomp = _get(linux, "seccomp", dict, "linux")
     if seccomp and (seccomp.get("listenerPath") or seccomp.get("flags")):
