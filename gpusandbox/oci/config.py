@@ -57,7 +57,10 @@ class OciExtras:
                  # (bounding, effective, permitted, inheritable, ambient) numbers
                  "caps", "nnp", "domainname",
                  # configproc.ProcSettings, or None
-                 "proc")
+                 "proc",
+                 # the OCI state the init's createContainer/startContainer hooks
+                 # get (create.py fills it; the init adds its own pid)
+                 "hook_state")
 
 
 def _bad(path, why, hint=None):
@@ -228,10 +231,6 @@ def _refuse_unknown(conf, linux, proc):
         raise _bad("linux", "mountLabel: no LSM support in gpusandbox")
     if proc.get("apparmorProfile") or proc.get("selinuxLabel"):
         raise _bad("process", "apparmorProfile/selinuxLabel: no LSM support in gpusandbox")
-    hooks = _get(conf, "hooks", dict, "hooks", {})
-    for stage in ("createContainer", "startContainer"):
-        if hooks.get(stage):
-            raise _bad("hooks", f"{stage} hooks (run inside the container) are not supported")
 
 
 IPC_SYSCTLS = {"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem",

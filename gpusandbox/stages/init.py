@@ -427,6 +427,9 @@ def run(plan, go_r, err_w, tty_sock, wait):
         if oci_src is not None:
             step = "mounting the OCI config's mounts"
             ocisetup.mounts(plan, rootfd, oci_src)
+            step = "running the createContainer hooks"
+            ocisetup.container_hooks(plan, "createContainer", oci_src, plan.oci.hook_state
+                                     and plan.oci.hook_state["bundle"])
         step = "masking /proc and /sys paths"
         _mask(rootfd, plan.oci)
         step = f"opening the working directory {plan.workdir}"
@@ -447,6 +450,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
         if oci_src is not None:
             step = "waiting for start"
             err_w = ocisetup.wait_start(plan, err_w, oci_src)
+            step = "running the startContainer hooks"
+            ocisetup.container_hooks(plan, "startContainer", oci_src, "/")
         step = "starting the command"
         pid = os.fork()
         if pid == 0:

@@ -28,7 +28,28 @@ def open_sources(plan):
         else:
             binds.append(None)
     fifo = os.open(oci.fifo, k.O_PATH | os.O_CLOEXEC) if oci.fifo else -1
-    return {"binds": binds, "fifo": fifo}
+    # The init's pid as the caller sees it, for the hooks' state: /proc here
+    # is still the host's, of the caller's pid namespace.
+    pid = int(os.readlink("/proc/self")) if getattr(oci, "hook_state", None) else 0
+    return {"binds": binds, "fifo": fifo, "pid": pid}
+
+
+def container_hooks(plan, stage, src, cwd=None):
+    """createContainer (after the mounts, before the pivot: the paths are the
+    runtime's, cwd the bundle) and startContainer hooks (after `start`, in
+    the container's root, before the workload): run by the init, in the
+    container's namespaces, with the OCI state on stdin (runtime-spec
+    config.md).  A failing one fails the container."""
+    hooks = plan.oci.hooks.get(stage) if plan.oci.hook_state else None
+    if not hooks:
+        return
+    from ..oci.runtime import hooks as runner   # loaded by `create` before the clone
+    from ..errors import SandboxError
+    state = dict(plan.oci.hook_state, pid=src["pid"])
+    try:
+        runner.run(plan.oci.hooks, (stage,), state, None, cwd=cwd)
+    except SandboxError as e:
+        raise OSError(0, e.line()) from None    # the init reports an OSError's text as is
 
 
 def _attrs(mnt):

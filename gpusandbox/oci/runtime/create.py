@@ -107,6 +107,11 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         ociconfig.apply(plan, x, over)
         for w in plan.warnings:
             log.warn(w)
+        x.hook_state = None
+        if x.hooks.get("createContainer") or x.hooks.get("startContainer"):
+            from . import hooks  # noqa: F401 - run by the init, a clone of this process
+            x.hook_state = {"ociVersion": "1.0.2", "id": cid, "status": "created",
+                            "bundle": os.path.abspath(bundle), "annotations": x.annotations}
         _rlimits(x)
         _setns(x.ns_join)
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if x.terminal else None
