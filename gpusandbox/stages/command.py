@@ -45,7 +45,10 @@ def run(plan, err_w, wdfd, tty_slave):
                 pass
         # Own session: the command cannot reach the caller's terminal with
         # TIOCSTI (it is no longer its controlling terminal).
-        os.setsid()
+        try:
+            os.setsid()
+        except PermissionError:
+            pass    # an OCI init that becomes its workload leads its session already
         if tty_slave is not None:
             k.libc.ioctl(tty_slave, _TIOCSCTTY, 0)
             for fd in (0, 1, 2):

@@ -453,6 +453,11 @@ def run(plan, go_r, err_w, tty_sock, wait):
             step = "running the startContainer hooks"
             ocisetup.container_hooks(plan, "startContainer", oci_src, "/")
         step = "starting the command"
+        if oci_src is not None:
+            # An OCI container's init becomes its workload (pid 1 of its pid
+            # namespace, parent 0, as runc's and crun's): the caller reaps
+            # the workload's own status and signals reach it unforwarded.
+            command.run(plan, err_w, wdfd, tty_slave)
         pid = os.fork()
         if pid == 0:
             command.run(plan, err_w, wdfd, tty_slave)
