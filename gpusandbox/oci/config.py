@@ -60,7 +60,10 @@ class OciExtras:
                  "proc",
                  # the OCI state the init's createContainer/startContainer hooks
                  # get (create.py fills it; the init adds its own pid)
-                 "hook_state")
+                 "hook_state",
+                 # linux.devices the init creates: (path, S_IF type, major,
+                 # minor, mode, uid, gid)
+                 "mknod")
 
 
 def _bad(path, why, hint=None):
@@ -381,9 +384,23 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
                    "gpusandbox's filter has no user-space notifier and no filter flags")
     over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,
             "idmaps": _idmaps(linux) if userns else None, "seccomp": seccomp,
-            "keep_fds": tuple(range(3, 3 + preserve_fds)), "plan_env": plan_env,
-            "devices": _devices(linux)}
+            "keep_fds": _open_fds(preserve_fds), "plan_env": plan_env,
+            "devices": _devices(linux, make=real_root and not userns)}
     return conf, spec, x, over
+
+
+def _open_fds(n):
+    """The descriptors 3 .. 3+n-1 (--preserve-fds N) the caller really passed:
+    a hole in that range is not passed on (it may hold one of this runtime's
+    own descriptors by the time the workload starts)."""
+    out = []
+    for fd in range(3, 3 + n):
+        try:
+            os.get_inheritable(fd)
+        except OSError:
+            continue
+        out.append(fd)
+    return tuple(out)
 
 
 def _setgroups_denied():
@@ -436,9 +453,13 @@ def apply(plan, x, over):
         plan.devpts_gid = None
     from ..edits import DeviceNode
     rules = list(over["dev_rules"])
-    for path, host, major, minor in over["devices"]:
+    binds, x.mknod = over["devices"]
+    for path, host, major, minor in binds:
         plan.edits.device_nodes.append(DeviceNode(path, host, major, minor))
         rules.append(("c", major, minor, "rw"))
+    for path, kind, major, minor, _, _, _ in x.mknod:
+        if not stat.S_ISFIFO(kind):
+            rules.append(("b" if stat.S_ISBLK(kind) else "c", major, minor, "rwm"))
     if rules:
         plan.device_rules = list(plan.device_rules or []) + rules
     plan.keep_fds = over["keep_fds"]

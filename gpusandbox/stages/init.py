@@ -171,8 +171,10 @@ def _system_mounts(plan, rootfd, src):
                       k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/dev", strict=True), "mounting /dev")
     for name in STD_DEVICES:
-        m.attach(src.pop("dev:" + name), tgt(rootfd, "/dev/" + name, "file", strict=True),
-                 f"binding /dev/{name}")
+        fd = src.pop("dev:" + name)
+        # The host's nodes, bound: nothing on them is a program to run.
+        m.restrict(fd, ro=False, nosuid=True, noexec=True, nodev=False, recursive=False)
+        m.attach(fd, tgt(rootfd, "/dev/" + name, "file", strict=True), f"binding /dev/{name}")
     pts = ["source=devpts", "newinstance", "ptmxmode=0666", "mode=0620"]
     if plan.devpts_gid is not None:
         pts.append(f"gid={plan.devpts_gid}")

@@ -69,6 +69,7 @@ def mounts(plan, rootfd, src):
             fd = m.new_fs(mnt.fstype, mnt.data, _attrs(mnt))
         m.attach(fd, m.open_target(rootfd, mnt.destination, mnt.target_kind),
                  f"mounting {mnt.destination}")
+    _make_devices(rootfd, getattr(plan.oci, "mknod", None) or ())
     if plan.oci.domainname:
         # The container's own UTS namespace (config.py insists on one).
         name = plan.oci.domainname.encode()
@@ -82,6 +83,29 @@ def mounts(plan, rootfd, src):
             os.write(fd, value.encode())
         finally:
             os.close(fd)
+
+
+def _make_devices(rootfd, nodes):
+    """linux.devices made by mknod(2) (real root in the host's user
+    namespace only: oci/confighost.py), after the config's mounts so that a
+    tmpfs there does not hide them; what was at the path is replaced."""
+    for path, kind, major, minor, mode, uid, gid in nodes:
+        parent, _, name = path.rpartition("/")
+        pfd = m.open_target(rootfd, parent or "/", "dir", create=True)
+        try:
+            try:
+                os.mknod(name, kind | 0o600, os.makedev(major, minor), dir_fd=pfd)
+            except FileExistsError:
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if st.st_mode & 0o170000 == kind and st.st_rdev == os.makedev(major, minor):
+                    continue    # one of the init's standard nodes (a host node: left as is)
+                os.unlink(name, dir_fd=pfd)
+                os.mknod(name, kind | 0o600, os.makedev(major, minor), dir_fd=pfd)
+            # Not through mknod's mode: the umask would take bits off.
+            os.chown(name, uid, gid, dir_fd=pfd, follow_symlinks=False)
+            os.chmod(name, mode, dir_fd=pfd, follow_symlinks=True)
+        finally:
+            os.close(pfd)
 
 
 def wait_start(plan, err_w, src):
