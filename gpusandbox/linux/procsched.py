@@ -58,3 +58,9 @@ def set_mempolicy(mode, flags, nodes):
 
 def set_affinity(cpus):
     os.sched_setaffinity(0, cpus)
+
+
+def set_personality(domain):
+    if libc.personality(ctypes.c_ulong(domain)) == -1:
+        e = ctypes.get_errno()
+        raise OSError(e, f"personality failed: {os.strerror(e)}")

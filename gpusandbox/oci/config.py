@@ -223,7 +223,7 @@ def _idmaps(linux):
 
 
 def _refuse_unknown(conf, linux, proc):
-    for key in ("intelRdt", "personality", "timeOffsets"):
+    for key in ("intelRdt", "timeOffsets"):
         if linux.get(key):
             raise _bad("linux", f"{key} is not supported")
     if linux.get("rootfsPropagation") not in (None, "", "private", "rprivate", "slave",
@@ -322,6 +322,13 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     cwd = _get(proc, "cwd", str, "process", "/")
     if not cwd.startswith("/"):
         raise _bad("process.cwd", "must be an absolute path")
+    listen = host_env.get("LISTEN_FDS", "")
+    if listen.isdigit() and 0 < int(listen) < 1024:
+        # systemd socket activation through the runtime (runc's and crun's
+        # rule): the caller's LISTEN_FDS descriptors are passed on, and the
+        # workload, pid 1, is the one they are for.
+        env += [("LISTEN_FDS", listen), ("LISTEN_PID", "1")]
+        preserve_fds += int(listen)
     spec.image_env = (env, cwd)
     spec.tty = _get(proc, "terminal", bool, "process", False)
     spec.hostname = _get(conf, "hostname", str, "hostname") or None
@@ -366,6 +373,8 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     x.oom_score_adj = _get(proc, "oomScoreAdj", int, "process")
     x.hooks = _get(conf, "hooks", dict, "hooks", {})
     x.annotations = _get(conf, "annotations", dict, "annotations", {})
+    if x.annotations.get("run.oci.keep_original_groups") == "1":
+        x.groups = None     # crun's annotation: the caller's groups stay (apply())
     x.ns_join = join
     x.terminal = spec.tty
     x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
@@ -442,6 +451,8 @@ def apply(plan, x, over):
             plan.userns = "subids"
             plan.clear_groups = True
     plan.env = dict(plan.env)
+    if x.annotations.get("run.oci.keep_original_groups") == "1":
+        plan.clear_groups = False
     if _setgroups_denied():
         # The same namespace may deny setgroups(2) (user_namespaces(7)): the
         # process keeps the groups it has there, which map to nothing more.

@@ -28,10 +28,10 @@ U64 = (1 << 64) - 1
 
 class ProcSettings:
     """Plain data for the command stage; None: leave the inherited setting."""
-    __slots__ = ("sched", "ioprio", "mempolicy", "cpus_initial", "cpus_final")
+    __slots__ = ("sched", "ioprio", "mempolicy", "cpus_initial", "cpus_final", "personality")
 
     def __init__(self):
-        self.sched = self.ioprio = self.mempolicy = None
+        self.sched = self.ioprio = self.mempolicy = self.personality = None
         self.cpus_initial = self.cpus_final = None
 
     def __bool__(self):
@@ -145,6 +145,19 @@ def _mempolicy(p):
     return (MPOL_MODES[mode], flags, nodeset)
 
 
+# personality(2) execution domains (linux/personality.h); the spec names two.
+PERSONALITIES = {"LINUX": 0x0000, "LINUX32": 0x0008}
+
+
+def _personality(p):
+    where = "linux.personality"
+    if not isinstance(p, dict) or p.get("domain") not in PERSONALITIES:
+        raise _bad(where, f"domain must be one of {', '.join(PERSONALITIES)}")
+    if p.get("flags"):
+        raise _bad(where, "flags are not supported (the runtime spec defines none)")
+    return PERSONALITIES[p["domain"]]
+
+
 def parse(proc, linux=None):
     """ProcSettings of a process object (and, for the container's own
     process, the linux object's memoryPolicy).  Raises UsageError."""
@@ -163,6 +176,8 @@ def parse(proc, linux=None):
             out.cpus_final = cpu_list(aff["final"], "process.execCPUAffinity.final")
     if linux and linux.get("memoryPolicy") is not None:
         out.mempolicy = _mempolicy(linux["memoryPolicy"])
+    if linux and linux.get("personality") is not None:
+        out.personality = _personality(linux["personality"])
     if out:
         # Loaded here, in `create` or `exec` before the clone or setns: the
         # command stage runs where the image's tree is the root.

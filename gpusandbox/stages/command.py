@@ -65,9 +65,9 @@ def run(plan, err_w, wdfd, tty_slave):
         k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
         for fd in plan.keep_fds:  # srun's PMI_FD: the job's own channel to slurmstepd
             os.set_inheritable(fd, True)
-        if plan.oci is not None and getattr(plan.oci, "proc", None) is not None:
-            step = "applying the OCI scheduling settings"
-            ocisetup.process_settings(plan.oci.proc)
+        if plan.oci is not None:
+            step = "applying the OCI process settings"
+            ocisetup.before_privileges(plan)
         early = plan.oci is not None and ocisetup.seccomp_early(plan)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.

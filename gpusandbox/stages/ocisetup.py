@@ -5,6 +5,7 @@ is the ordinary init of stages/init.py.
 """
 import errno
 import os
+import stat
 
 from ..linux import mounts as m
 from ..linux import sys as k
@@ -172,6 +173,57 @@ def process_settings(ps):
         procsched.set_ioprio(ps.ioprio)
     if ps.sched is not None:
         procsched.set_scheduler(*ps.sched)
+    if ps.personality is not None:
+        procsched.set_personality(ps.personality)
+
+
+def before_privileges(plan):
+    """What the command stage of an OCI process does while it is still root:
+    the scheduling settings, HOME from the container's passwd when the
+    config has none, and stdio handed to the process's user (runc's and
+    crun's rules)."""
+    ps = getattr(plan.oci, "proc", None)
+    if ps is not None:
+        process_settings(ps)
+    if "HOME" not in plan.env:
+        plan.env["HOME"] = _passwd_home(plan.cmd_uid)
+    _chown_stdio(plan.cmd_uid, plan.cmd_gid)
+
+
+def _passwd_home(uid):
+    """The home of `uid` in the container's /etc/passwd (we are in its root
+    now), else "/"."""
+    try:
+        fd = os.open("/etc/passwd", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return "/"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "/"
+        data = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    for line in data.decode("utf-8", "replace").splitlines():
+        f = line.split(":")
+        if len(f) >= 6 and f[2] == str(uid) and f[5]:
+            return f[5]
+    return "/"
+
+
+def _chown_stdio(uid, gid):
+    """The process's stdio (a pipe, a file, the pty) owned by its user, so
+    that it can reopen them through /proc/self/fd; /dev/null stays as it is.
+    Ids the user namespace does not map, or an owner it cannot change, leave
+    a descriptor as it was."""
+    for fd in (0, 1, 2):
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3):
+                continue
+            if (st.st_uid, st.st_gid) != (uid, gid):
+                os.fchown(fd, uid, gid)
+        except OSError:
+            continue
 
 
 def before_exec(plan):
