@@ -16,7 +16,7 @@ import stat
 from ..errors import UsageError
 from ..imageroot import container_path
 from ..spec import RunSpec
-from .confighost import _devices, driver_settings  # noqa: F401 - driver_settings is API
+from .confighost import _devices, driver_settings, initial_userns  # noqa: F401 - driver_settings is API
 
 MAX_CONFIG = 4 << 20
 
@@ -203,11 +203,21 @@ def _namespaces(linux, real_root):
         raise _bad("linux.namespaces", "a user namespace needs a pid namespace as well",
                    "a procfs of the host's pid namespace cannot be mounted in it")
     if not real_root and "user" not in seen:
-        raise _bad("linux.namespaces", "a rootless container needs a user namespace")
+        # Nothing a user runs can be real root: the container gets a user
+        # namespace of its own (crun's rule; _idmaps maps the process's ids).
+        seen.add("user")
+        flags |= NS_FLAGS["user"]
+        if "pid" not in seen:
+            raise _bad("linux.namespaces", "a rootless container needs a pid namespace",
+                       "a procfs of the host's pid namespace cannot be mounted in it")
     return flags | NS_FLAGS["cgroup"], join, "user" in seen
 
 
-def _idmaps(linux):
+def _idmaps(linux, uid, gid):
+    """(uid rows, gid rows); a config without them maps the process's own
+    uid and gid to the caller's (crun's default)."""
+    if not linux.get("uidMappings") and not linux.get("gidMappings"):
+        return [[(uid, os.geteuid(), 1)], [(gid, os.getegid(), 1)]]
     out = []
     for key in ("uidMappings", "gidMappings"):
         rows = []
@@ -392,9 +402,9 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         raise _bad("linux.seccomp", "listenerPath and flags are not supported",
                    "gpusandbox's filter has no user-space notifier and no filter flags")
     over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,
-            "idmaps": _idmaps(linux) if userns else None, "seccomp": seccomp,
+            "idmaps": _idmaps(linux, uid, gid) if userns else None, "seccomp": seccomp,
             "keep_fds": _open_fds(preserve_fds), "plan_env": plan_env,
-            "devices": _devices(linux, make=real_root and not userns)}
+            "devices": _devices(linux, make=real_root and not userns and initial_userns())}
     return conf, spec, x, over
 
 
