@@ -16,7 +16,9 @@ import stat
 from ..errors import UsageError
 from ..imageroot import container_path
 from ..spec import RunSpec
-from .confighost import _devices, driver_settings, initial_userns  # noqa: F401 - driver_settings is API
+from .confighost import _devices, initial_userns
+from .confighost import driver_settings  # noqa: F401 - API
+from .configsysctl import sysctl_namespaced as _sysctl_namespaced
 
 MAX_CONFIG = 4 << 20
 
@@ -246,35 +248,6 @@ def _refuse_unknown(conf, linux, proc):
         raise _bad("process", "apparmorProfile/selinuxLabel: no LSM support in gpusandbox")
 
 
-IPC_SYSCTLS = {"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem",
-               "kernel.shmall", "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced"}
-
-
-def _sysctl_namespaced(key, val, flags, join, domainname):
-    """A sysctl is written only where it belongs to a namespace of the
-    container's own (runc's and crun's rule): anything else would change the
-    host for every process on it."""
-    joined = {t for t, _ in join}
-    where = "linux.sysctl"
-    if key in IPC_SYSCTLS or key.startswith("fs.mqueue."):
-        if not flags & NS_FLAGS["ipc"] and "ipc" not in joined:
-            raise _bad(where, f"{key} needs the container's own ipc namespace")
-    elif key.startswith("net."):
-        if not flags & NS_FLAGS["network"] and "network" not in joined:
-            raise _bad(where, f"{key} needs the container's own network namespace")
-    elif key == "kernel.domainname":
-        if not flags & NS_FLAGS["uts"]:
-            raise _bad(where, f"{key} needs the container's own uts namespace")
-        if domainname and domainname != val:
-            raise _bad(where, f"{key} {val!r} conflicts with domainname {domainname!r}")
-    elif key == "kernel.hostname":
-        raise _bad(where, f"{key}: set the config's hostname instead")
-    else:
-        raise _bad(where, f"{key} is not in a namespace of the container's own",
-                   "only ipc (kernel.msg*, kernel.sem, kernel.shm*, fs.mqueue.*), "
-                   "network (net.*) and kernel.domainname sysctls can be set")
-
-
 def _resources(spec, linux):
     res = _get(linux, "resources", dict, "linux", {})
     mem = _get(res, "memory", dict, "linux.resources", {})
@@ -368,7 +341,7 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         if not all(w and w.replace("_", "").replace("-", "").isalnum() for w in key.split(".")) \
                 or not isinstance(val, str):
             raise _bad("linux.sysctl", f"invalid key {key!r}")
-        _sysctl_namespaced(key, val, flags, join, conf.get("domainname"))
+        _sysctl_namespaced(key, val, flags, join, conf.get("domainname"), NS_FLAGS)
         x.sysctl.append((key, val))
     x.rlimits = []
     for i, r in enumerate(_get(proc, "rlimits", list, "process", [])):
