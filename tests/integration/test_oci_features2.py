@@ -212,31 +212,3 @@ def test_exec_home_and_no_new_privs(cli, oci_env, rootfs, test_user, tmp_path):
         assert nnp == ["0", "1"]
     finally:
         subprocess.run(rt + ["delete", "--force", "f2-exec"], capture_output=True, timeout=60)
-
-
-def test_delete_a_created_container(cli, oci_env, rootfs, test_user):
-    """A container created but never started is deleted without --force (as
-    runc and crun do): its init is killed and nothing is left."""
-    conf = _base(rootfs, "root", test_user)
-    bundle = oci_env / "f2-created"
-    bundle.mkdir()
-    (bundle / "config.json").write_text(json.dumps(conf))
-    rt = [OCI, "--root", str(bundle / "state")]
-    pid_file = bundle / "pid"
-    # The init keeps create's stdio until it is deleted: a file, not a pipe.
-    with open(bundle / "err", "w+") as err:
-        r = subprocess.run(rt + ["create", "--bundle", str(bundle), "--pid-file", str(pid_file),
-                                 "f2-created"], stdout=subprocess.DEVNULL, stderr=err,
-                           stdin=subprocess.DEVNULL, timeout=60)
-        err.seek(0)
-        assert r.returncode == 0, err.read()
-    pid = int(pid_file.read_text())
-    r = subprocess.run(rt + ["delete", "f2-created"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert os.listdir(bundle / "state") == []
-    # Killed: gone, or a zombie until the host's init (its parent now) reaps it.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            assert f.read().rsplit(") ", 1)[1][0] in "ZX"
-    except FileNotFoundError:
-        pass

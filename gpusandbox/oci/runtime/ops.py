@@ -136,9 +136,7 @@ def delete(root, cid, force, log):
     pfd = _pidfd(st)
     if pfd is not None:
         try:
-            # A created container never ran its workload: runc and crun
-            # delete it without --force.
-            if not force and state.status(st) != "created":
+            if not force:
                 raise SandboxError(f"cannot delete container {cid} that is not stopped: "
                                    f"{state.status(st)}", None, "use delete --force")
             k.syscall("pidfd_send_signal", pfd, 9, None, 0)
