@@ -1,5 +1,7 @@
 """OCI config: the per-process settings (oci/configproc.py) and the sysctl
 namespace rule, as data, without the kernel."""
+import os
+
 import pytest
 
 from gpusandbox.errors import UsageError
@@ -86,3 +88,17 @@ def test_sysctl_allowed_in_own_namespaces():
     oc._sysctl_namespaced("net.core.somaxconn", "1", 0, [("network", "/run/netns/x")], None,
                           oc.NS_FLAGS)
     oc._sysctl_namespaced("kernel.domainname", "d", NEW["uts"], [], "d", oc.NS_FLAGS)
+
+
+def test_poststart_state_of_a_workload_already_gone(tmp_path):
+    """The workload may end before `start` runs the poststart hooks (it is
+    the container's pid 1): they still get running and the init's pid."""
+    from gpusandbox.oci.runtime import ops, state
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    st = {"id": "c", "pid": pid, "start_time": 1, "bundle": "/b", "_dir": str(tmp_path)}
+    assert state.public(st)["status"] == "stopped"
+    post = ops.poststart_state(st)
+    assert (post["status"], post["pid"], post["id"]) == ("running", pid, "c")
