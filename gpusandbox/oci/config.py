@@ -65,7 +65,10 @@ class OciExtras:
                  "hook_state",
                  # linux.devices the init creates: (path, S_IF type, major,
                  # minor, mode, uid, gid)
-                 "mknod")
+                 "mknod",
+                 # how many of `mounts` the init attaches before /sys (None:
+                 # /sys with the other system mounts, first)
+                 "sys_at")
 
 
 def _bad(path, why, hint=None):
@@ -331,8 +334,18 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         plan_env["NVIDIA_VISIBLE_DEVICES"] = dict(env)["NVIDIA_VISIBLE_DEVICES"]
         spec.driver_root, spec.dev_root = driver_settings(host_env)
     x = OciExtras()
-    x.mounts = [m for m in (_mount(i, e, bundle) for i, e in
-                            enumerate(_get(conf, "mounts", list, "mounts", []))) if m]
+    x.mounts, x.sys_at = [], None
+    for i, e in enumerate(_get(conf, "mounts", list, "mounts", [])):
+        m = _mount(i, e, bundle)
+        if m is not None:
+            x.mounts.append(m)
+        elif x.sys_at is None and isinstance(e, dict) and e.get("destination") == "/sys":
+            # The init's own /sys goes at this place among the config's mounts,
+            # unless one of those goes under /sys before it.
+            x.sys_at = len(x.mounts)
+    if x.sys_at is not None and any(m.destination.startswith("/sys/")
+                                    for m in x.mounts[:x.sys_at]):
+        x.sys_at = None
     x.masked = tuple(_strs(_get(linux, "maskedPaths", list, "linux", []), "linux.maskedPaths"))
     x.readonly = tuple(_strs(_get(linux, "readonlyPaths", list, "linux", []),
                              "linux.readonlyPaths"))
@@ -457,6 +470,10 @@ def apply(plan, x, over):
     if rules:
         plan.device_rules = list(plan.device_rules or []) + rules
     plan.keep_fds = over["keep_fds"]
+    e = plan.edits
+    if any(p.startswith("/sys/") for p in [mt.path for mt in e.mounts]
+           + [n.path for n in e.device_nodes] + [t.path for t in e.tmpfs]):
+        x.sys_at = None     # the GPU edits go under /sys: it is mounted before them
     # No hostname in the config: the new UTS namespace keeps the host's name,
     # as runc leaves it.
     plan.hostname = plan.spec.hostname or os.uname().nodename

@@ -154,19 +154,8 @@ def _system_mounts(plan, rootfd, src):
     # Each fresh filesystem names its type as its source (mountinfo), as runc's do.
     m.attach(m.new_fs("proc", ("source=proc",), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/proc", strict=True), "mounting /proc")
-    sysfd = src.pop("sys")
-    m.restrict(sysfd, ro=True, noexec=True)
-    m.attach(sysfd, tgt(rootfd, "/sys", strict=True), "binding /sys read-only")
-    for path in src.pop("sys-hide"):
-        try:
-            target = tgt(rootfd, path, create=False, strict=True)
-        except OSError:
-            continue       # not a directory we can reach (a file mount, say)
-        empty = m.new_fs("tmpfs", ("size=4k", "mode=0555"), k.MOUNT_ATTR_RDONLY
-                         | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
-        m.attach(empty, target, f"covering {path}")
-    if plan.own_cgroup:
-        _cgroup_view(rootfd)
+    if plan.oci is None or plan.oci.sys_at is None:
+        sysfs(plan, rootfd, src)
     m.attach(m.new_fs("tmpfs", ("source=tmpfs", "mode=0755", "size=4m"),
                       k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/dev", strict=True), "mounting /dev")
@@ -193,6 +182,31 @@ def _system_mounts(plan, rootfd, src):
         fs = src.pop("shm") if path == "/dev/shm" and "shm" in src else \
             m.new_fs("tmpfs", (f"mode={mode}",), tmp_attrs)
         m.attach(fs, tgt(rootfd, path, strict=True), f"mounting {path}")
+
+
+def sysfs(plan, rootfd, src, fresh=False):
+    """/sys read-only, what is mounted on the host's covered, the cgroup view.
+    An OCI config may place it after mounts of its own (ocisetup.mounts):
+    fresh then clones it again, since the mount table lists mounts in the
+    order they were made (the kernel's unique mount id), not attached."""
+    tgt = m.open_target
+    if fresh:
+        os.close(src["sys"])
+        # Still the host's /sys: the image is attached over its own directory.
+        src["sys"], src["sys-hide"] = _sysfs_alone()
+    sysfd = src.pop("sys")
+    m.restrict(sysfd, ro=True, noexec=True)
+    m.attach(sysfd, tgt(rootfd, "/sys", strict=True), "binding /sys read-only")
+    for path in src.pop("sys-hide"):
+        try:
+            target = tgt(rootfd, path, create=False, strict=True)
+        except OSError:
+            continue       # not a directory we can reach (a file mount, say)
+        empty = m.new_fs("tmpfs", ("size=4k", "mode=0555"), k.MOUNT_ATTR_RDONLY
+                         | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
+        m.attach(empty, target, f"covering {path}")
+    if plan.own_cgroup:
+        _cgroup_view(rootfd)
 
 
 def _cgroup_view(rootfd):
@@ -428,7 +442,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
         _user_binds(rootfd, binds)
         if oci_src is not None:
             step = "mounting the OCI config's mounts"
-            ocisetup.mounts(plan, rootfd, oci_src)
+            ocisetup.mounts(plan, rootfd, oci_src, lambda: sysfs(plan, rootfd, src, True))
             step = "running the createContainer hooks"
             ocisetup.container_hooks(plan, "createContainer", oci_src, plan.oci.hook_state
                                      and plan.oci.hook_state["bundle"])

@@ -58,11 +58,17 @@ def _attrs(mnt):
             | (k.MOUNT_ATTR_NODEV if mnt.nodev else 0) | (k.MOUNT_ATTR_NOEXEC if mnt.noexec else 0))
 
 
-def mounts(plan, rootfd, src):
+def mounts(plan, rootfd, src, sysfs):
     """The config's mounts in its order, after the system mounts (so a
     config's /dev/shm or /tmp goes over ours), then its sysctls (before the
-    masking makes /proc/sys read-only)."""
-    for mnt, fd in zip(plan.oci.mounts, src["binds"]):
+    masking makes /proc/sys read-only).  /sys goes where the config lists
+    it among its own (sysfs(); sys_at: how many of them come first), so
+    that the mount table shows the config's order (runtime-spec config.md:
+    mounts in the listed order)."""
+    sys_at = plan.oci.sys_at
+    for i, (mnt, fd) in enumerate(zip(plan.oci.mounts, src["binds"])):
+        if i == sys_at:
+            sysfs()
         if fd is not None:
             m.restrict(fd, ro=mnt.ro, nosuid=mnt.nosuid, nodev=mnt.nodev, noexec=mnt.noexec,
                        recursive=mnt.recursive)
@@ -70,6 +76,8 @@ def mounts(plan, rootfd, src):
             fd = m.new_fs(mnt.fstype, mnt.data, _attrs(mnt))
         m.attach(fd, m.open_target(rootfd, mnt.destination, mnt.target_kind),
                  f"mounting {mnt.destination}")
+    if sys_at is not None and sys_at >= len(plan.oci.mounts):
+        sysfs()
     _make_devices(rootfd, getattr(plan.oci, "mknod", None) or ())
     if plan.oci.domainname:
         # The container's own UTS namespace (config.py insists on one).
