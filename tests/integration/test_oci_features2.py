@@ -1,8 +1,8 @@
 """gpusandbox-oci: the config features crun's own suite checks (issue 13),
 each seen from inside the container: the workload is pid 1 (parent 0),
 process.scheduler / ioPriority / execCPUAffinity, linux.memoryPolicy and
-personality, createContainer and startContainer hooks, HOME from the
-container's passwd, LISTEN_FDS, the standard /dev nodes nosuid,noexec; and,
+personality, createContainer and startContainer hooks, LISTEN_FDS, the
+standard /dev nodes nosuid,noexec, the mount table in the config's order; and,
 as real root, a container sharing the host's pid and uts namespaces,
 linux.devices made by mknod, stdio owned by the process's user and
 run.oci.keep_original_groups.  One `run` per mode and case."""
@@ -59,6 +59,8 @@ out = {{
     "stdout_owner": [os.fstat(1).st_uid, os.fstat(1).st_gid],
     "devices": {{p: stat_of(p) for p in ("/dev/ff", "/dev/zz", "/dev/bb", "/opt/dev/zz")}},
     "zero": open("/dev/zz", "rb").read(3) == bytes(3) if os.path.exists("/dev/zz") else None,
+    "order": [f[4] for f in (line.split() for line in open("/proc/self/mountinfo"))
+              if f[4] in ("/dev/mqueue", "/sys")],
 }}
 print(json.dumps(out))
 """
@@ -115,6 +117,10 @@ def test_process_settings_hooks_and_pid1(mode, oci_env, rootfs, test_user):
     conf["process"]["execCPUAffinity"] = {"final": "0"}
     conf["linux"]["memoryPolicy"] = {"mode": "MPOL_BIND", "nodes": "0"}
     conf["linux"]["personality"] = {"domain": "LINUX32"}
+    # The container's mount table in the config's order: its own /sys after its mqueue.
+    conf["mounts"] += [{"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"},
+                       {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                        "options": ["ro"]}]
     if mode == "root":
         conf["linux"]["sysctl"] = {"kernel.domainname": "example.org"}
     else:   # a user namespace's root may not write the uts sysctls; setdomainname works
@@ -137,6 +143,7 @@ def test_process_settings_hooks_and_pid1(mode, oci_env, rootfs, test_user):
     assert out["listen"] == ["1", "1", True]
     assert out["started"] == "example.org"
     assert {"nosuid", "noexec"} <= set(out["devnull"])
+    assert out["order"] == ["/dev/mqueue", "/sys"]
     state = json.loads((bundle / "created").read_text())
     assert (state["id"], state["status"], state["bundle"]) == (f"f2-{mode}", "created",
                                                                str(bundle))
