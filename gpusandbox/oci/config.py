@@ -68,7 +68,10 @@ class OciExtras:
                  "mknod",
                  # how many of `mounts` the init attaches before /sys (None:
                  # /sys with the other system mounts, first)
-                 "sys_at")
+                 "sys_at",
+                 # [(path, detached mount fd)]: the mknod entries `create` made
+                 # for a container with a user namespace (ocisetup.premake_devices)
+                 "premade")
 
 
 def _bad(path, why, hint=None):
@@ -390,7 +393,7 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,
             "idmaps": _idmaps(linux, uid, gid) if userns else None, "seccomp": seccomp,
             "keep_fds": _open_fds(preserve_fds), "plan_env": plan_env,
-            "devices": _devices(linux, make=real_root and not userns and initial_userns())}
+            "devices": _devices(linux, make=real_root and initial_userns())}
     return conf, spec, x, over
 
 

@@ -103,10 +103,11 @@ def _devices(linux, make=False):
     """linux.devices: ([(path, host node, major, minor)] to bind from the
     host, [(path, S_IF type, major, minor, mode, uid, gid)] to create).
 
-    make: the container shares the host's user namespace as real root, so
-    its init may mknod(2) every type (as runc's does); otherwise no process
-    holds CAP_MKNOD there and each character device is the host's node of
-    the same numbers, bind-mounted at its path."""
+    make: real root in the host's user namespace, where mknod(2) of every
+    type is allowed (the init makes them, or `create` for a container with
+    a user namespace of its own: stages/ocisetup.py); otherwise no process
+    holds CAP_MKNOD and each character device is the host's node of the same
+    numbers, bind-mounted at its path."""
     binds, nodes = [], []
     for i, d in enumerate(_get(linux, "devices", list, "linux", [])):
         where = f"linux.devices[{i}]"
@@ -128,8 +129,7 @@ def _devices(linux, make=False):
             continue
         if typ not in ("c", "u"):
             raise _bad(where, f"{path}: only character devices can be added here",
-                       "block devices and fifos are created only by real root without "
-                       "a user namespace")
+                       "block devices and fifos are created only for real root")
         host = _host_node(major, minor, path)
         if host is None:
             raise _bad(where, f"{path}: no host character device {major}:{minor}")

@@ -393,7 +393,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             os._exit(125)
         # Nothing the caller's process left open stays open in the sandbox's
         # init for its whole life (stdio, the pipes and the tty socket stay).
-        _close_except({0, 1, 2, go_r, err_w, plan.rootfd, *plan.keep_fds}
+        _close_except({0, 1, 2, go_r, err_w, plan.rootfd, *plan.keep_fds, *ocisetup.held_fds(plan)}
                       | ({tty_sock.fileno()} if tty_sock else set()))
         k.set_comm("gpusandbox-init")
         # Leave the caller's process group and session: keyboard signals reach

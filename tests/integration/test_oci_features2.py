@@ -219,3 +219,20 @@ def test_exec_home_and_no_new_privs(cli, oci_env, rootfs, test_user, tmp_path):
         assert nnp == ["0", "1"]
     finally:
         subprocess.run(rt + ["delete", "--force", "f2-exec"], capture_output=True, timeout=60)
+
+
+def test_devices_in_a_user_namespace(cli, oci_env, rootfs, test_user):
+    """Real root, a container with a user namespace of its own (where nothing
+    holds CAP_MKNOD): `create` makes the nodes outside and the init binds
+    them; owners are the container's ids through the mapping."""
+    conf = _base(rootfs, "root", test_user, ("pid", "ipc", "uts", "mount", "user"))
+    # The whole range, as crun's test_devices: the image's files stay owned.
+    rows = [{"containerID": 0, "hostID": 0, "size": 4294967295}]
+    conf["linux"].update(uidMappings=rows, gidMappings=rows)
+    conf["linux"]["devices"] = [
+        {"path": "/dev/ff", "type": "p", "fileMode": 0o640, "uid": 1, "gid": 2},
+        {"path": "/dev/bb", "type": "b", "major": 7, "minor": 200, "fileMode": 0o157,
+         "uid": 10, "gid": 11}]
+    out, _ = _run(oci_env, "f2-userns-dev", conf, "root", test_user)
+    assert out["devices"]["/dev/ff"] == ["0o10640", 1, 2, 0, 0]
+    assert out["devices"]["/dev/bb"] == ["0o60157", 10, 11, 7, 200]
