@@ -381,10 +381,11 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     x.domainname = _get(conf, "domainname", str, "domainname") or None
     from .configproc import parse as proc_settings
     x.proc = proc_settings(proc, linux) or None
-    if x.domainname and not flags & NS_FLAGS["uts"]:
-        raise _bad("domainname", "needs a new uts namespace")
-    if spec.hostname and not flags & NS_FLAGS["uts"]:
-        raise _bad("hostname", "needs a new uts namespace")
+    own_uts = flags & NS_FLAGS["uts"] or any(t == "uts" for t, _ in join)
+    if x.domainname and not own_uts:
+        raise _bad("domainname", "needs a uts namespace of the container's")
+    if spec.hostname and not own_uts:
+        raise _bad("hostname", "needs a uts namespace of the container's")
     caps = x.caps[1]
     seccomp = _get(linux, "seccomp", dict, "linux")
     if seccomp and (seccomp.get("listenerPath") or seccomp.get("flags")):

@@ -24,7 +24,7 @@ def sysctl_namespaced(key, val, flags, join, domainname, ns_flags):
         if not flags & ns_flags["network"] and "network" not in joined:
             raise _bad(where, f"{key} needs the container's own network namespace")
     elif key == "kernel.domainname":
-        if not flags & ns_flags["uts"]:
+        if not flags & ns_flags["uts"] and "uts" not in joined:
             raise _bad(where, f"{key} needs the container's own uts namespace")
         if domainname and domainname != val:
             raise _bad(where, f"{key} {val!r} conflicts with domainname {domainname!r}")

@@ -236,3 +236,25 @@ def test_devices_in_a_user_namespace(cli, oci_env, rootfs, test_user):
     out, _ = _run(oci_env, "f2-userns-dev", conf, "root", test_user)
     assert out["devices"]["/dev/ff"] == ["0o10640", 1, 2, 0, 0]
     assert out["devices"]["/dev/bb"] == ["0o60157", 10, 11, 7, 200]
+
+
+def test_hostname_in_a_uts_namespace_given_by_path(cli, oci_env, rootfs, test_user):
+    """A uts namespace given by path is the container's own: the config's
+    hostname is set there (it was refused once pid and uts became optional)."""
+    holder = subprocess.Popen(["unshare", "--uts", "sh", "-c", "echo in; exec sleep 60"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "in\n"      # the namespace exists
+        path = f"/proc/{holder.pid}/ns/uts"
+        conf = _base(rootfs, "root", test_user, ("pid", "ipc", "mount"))
+        conf["linux"]["namespaces"].append({"type": "uts", "path": path})
+        conf["hostname"] = "joined-host"
+        out, _ = _run(oci_env, "f2-uts", conf, "root", test_user)
+        assert out["host"] == "joined-host"
+        r = subprocess.run(["nsenter", "-t", str(holder.pid), "-u", "hostname"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.stdout.strip() == "joined-host"
+        assert os.uname().nodename != "joined-host"
+    finally:
+        holder.kill()
+        holder.wait()

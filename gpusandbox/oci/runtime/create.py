@@ -122,6 +122,14 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
                 raise SandboxError("making the config's devices", e.strerror or str(e)) from None
         _rlimits(x)
         _setns(x.ns_join)
+        if spec.hostname and any(t == "uts" for t, _ in x.ns_join):
+            # A uts namespace given by path is the container's: its hostname
+            # is set there (the init sets it only in a new one), as runc does.
+            try:
+                k.sethostname(spec.hostname)
+            except OSError as e:
+                raise SandboxError("setting the hostname in the joined uts namespace",
+                                   e.strerror) from None
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if x.terminal else None
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
         limits = None
