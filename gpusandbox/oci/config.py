@@ -16,7 +16,9 @@ import stat
 from ..errors import UsageError
 from ..imageroot import container_path
 from ..spec import RunSpec
-from .confighost import _devices, driver_settings  # noqa: F401 - driver_settings is API
+from .confighost import _devices, initial_userns
+from .confighost import driver_settings  # noqa: F401 - API
+from .configsysctl import sysctl_namespaced as _sysctl_namespaced
 
 MAX_CONFIG = 4 << 20
 
@@ -55,7 +57,21 @@ class OciExtras:
     __slots__ = ("mounts", "masked", "readonly", "sysctl", "rlimits", "groups", "umask",
                  "fifo", "oom_score_adj", "hooks", "annotations", "ns_join", "terminal",
                  # (bounding, effective, permitted, inheritable, ambient) numbers
-                 "caps", "nnp", "domainname")
+                 "caps", "nnp", "domainname",
+                 # configproc.ProcSettings, or None
+                 "proc",
+                 # the OCI state the init's createContainer/startContainer hooks
+                 # get (create.py fills it; the init adds its own pid)
+                 "hook_state",
+                 # linux.devices the init creates: (path, S_IF type, major,
+                 # minor, mode, uid, gid)
+                 "mknod",
+                 # how many of `mounts` the init attaches before /sys (None:
+                 # /sys with the other system mounts, first)
+                 "sys_at",
+                 # [(path, detached mount fd)]: the mknod entries `create` made
+                 # for a container with a user namespace (ocisetup.premake_devices)
+                 "premade")
 
 
 def _bad(path, why, hint=None):
@@ -185,17 +201,31 @@ def _namespaces(linux, real_root):
             join.append((t, path))
         else:
             flags |= NS_FLAGS[t]
-    for t in ("mount", "pid"):
-        if t not in seen:
-            raise _bad("linux.namespaces", f"no {t} namespace: sharing the host's is not supported")
-    if "uts" not in seen:
-        raise _bad("linux.namespaces", "no uts namespace: sharing the host's is not supported")
+    # The init builds the root in a mount namespace of its own: always new.
+    # Without a pid or uts namespace the container shares the host's, as
+    # runc's does (the workload is then no pid 1; only root can mount a
+    # procfs of the host's pid namespace, so a user namespace needs one).
+    if "mount" not in seen:
+        raise _bad("linux.namespaces", "no mount namespace: sharing the host's is not supported")
+    if "pid" not in seen and "user" in seen:
+        raise _bad("linux.namespaces", "a user namespace needs a pid namespace as well",
+                   "a procfs of the host's pid namespace cannot be mounted in it")
     if not real_root and "user" not in seen:
-        raise _bad("linux.namespaces", "a rootless container needs a user namespace")
+        # Nothing a user runs can be real root: the container gets a user
+        # namespace of its own (crun's rule; _idmaps maps the process's ids).
+        seen.add("user")
+        flags |= NS_FLAGS["user"]
+        if "pid" not in seen:
+            raise _bad("linux.namespaces", "a rootless container needs a pid namespace",
+                       "a procfs of the host's pid namespace cannot be mounted in it")
     return flags | NS_FLAGS["cgroup"], join, "user" in seen
 
 
-def _idmaps(linux):
+def _idmaps(linux, uid, gid):
+    """(uid rows, gid rows); a config without them maps the process's own
+    uid and gid to the caller's (crun's default)."""
+    if not linux.get("uidMappings") and not linux.get("gidMappings"):
+        return [[(uid, os.geteuid(), 1)], [(gid, os.getegid(), 1)]]
     out = []
     for key in ("uidMappings", "gidMappings"):
         rows = []
@@ -211,7 +241,7 @@ def _idmaps(linux):
 
 
 def _refuse_unknown(conf, linux, proc):
-    for key in ("intelRdt", "personality", "timeOffsets", "memoryPolicy"):
+    for key in ("intelRdt", "timeOffsets"):
         if linux.get(key):
             raise _bad("linux", f"{key} is not supported")
     if linux.get("rootfsPropagation") not in (None, "", "private", "rprivate", "slave",
@@ -222,12 +252,6 @@ def _refuse_unknown(conf, linux, proc):
         raise _bad("linux", "mountLabel: no LSM support in gpusandbox")
     if proc.get("apparmorProfile") or proc.get("selinuxLabel"):
         raise _bad("process", "apparmorProfile/selinuxLabel: no LSM support in gpusandbox")
-    if (proc.get("ioPriority") or proc.get("scheduler") or proc.get("execCPUAffinity")):
-        raise _bad("process", "ioPriority/scheduler/execCPUAffinity are not supported")
-    hooks = _get(conf, "hooks", dict, "hooks", {})
-    for stage in ("createContainer", "startContainer"):
-        if hooks.get(stage):
-            raise _bad("hooks", f"{stage} hooks (run inside the container) are not supported")
 
 
 def _resources(spec, linux):
@@ -287,6 +311,13 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     cwd = _get(proc, "cwd", str, "process", "/")
     if not cwd.startswith("/"):
         raise _bad("process.cwd", "must be an absolute path")
+    listen = host_env.get("LISTEN_FDS", "")
+    if listen.isdigit() and 0 < int(listen) < 1024:
+        # systemd socket activation through the runtime (runc's and crun's
+        # rule): the caller's LISTEN_FDS descriptors are passed on, and the
+        # workload, pid 1, is the one they are for.
+        env += [("LISTEN_FDS", listen), ("LISTEN_PID", "1")]
+        preserve_fds += int(listen)
     spec.image_env = (env, cwd)
     spec.tty = _get(proc, "terminal", bool, "process", False)
     spec.hostname = _get(conf, "hostname", str, "hostname") or None
@@ -306,8 +337,18 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         plan_env["NVIDIA_VISIBLE_DEVICES"] = dict(env)["NVIDIA_VISIBLE_DEVICES"]
         spec.driver_root, spec.dev_root = driver_settings(host_env)
     x = OciExtras()
-    x.mounts = [m for m in (_mount(i, e, bundle) for i, e in
-                            enumerate(_get(conf, "mounts", list, "mounts", []))) if m]
+    x.mounts, x.sys_at = [], None
+    for i, e in enumerate(_get(conf, "mounts", list, "mounts", [])):
+        m = _mount(i, e, bundle)
+        if m is not None:
+            x.mounts.append(m)
+        elif x.sys_at is None and isinstance(e, dict) and e.get("destination") == "/sys":
+            # The init's own /sys goes at this place among the config's mounts,
+            # unless one of those goes under /sys before it.
+            x.sys_at = len(x.mounts)
+    if x.sys_at is not None and any(m.destination.startswith("/sys/")
+                                    for m in x.mounts[:x.sys_at]):
+        x.sys_at = None
     x.masked = tuple(_strs(_get(linux, "maskedPaths", list, "linux", []), "linux.maskedPaths"))
     x.readonly = tuple(_strs(_get(linux, "readonlyPaths", list, "linux", []),
                              "linux.readonlyPaths"))
@@ -316,6 +357,7 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         if not all(w and w.replace("_", "").replace("-", "").isalnum() for w in key.split(".")) \
                 or not isinstance(val, str):
             raise _bad("linux.sysctl", f"invalid key {key!r}")
+        _sysctl_namespaced(key, val, flags, join, conf.get("domainname"), NS_FLAGS)
         x.sysctl.append((key, val))
     x.rlimits = []
     for i, r in enumerate(_get(proc, "rlimits", list, "process", [])):
@@ -330,23 +372,44 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     x.oom_score_adj = _get(proc, "oomScoreAdj", int, "process")
     x.hooks = _get(conf, "hooks", dict, "hooks", {})
     x.annotations = _get(conf, "annotations", dict, "annotations", {})
+    if x.annotations.get("run.oci.keep_original_groups") == "1":
+        x.groups = None     # crun's annotation: the caller's groups stay (apply())
     x.ns_join = join
     x.terminal = spec.tty
     x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
     x.nnp = _get(proc, "noNewPrivileges", bool, "process", False)
     x.domainname = _get(conf, "domainname", str, "domainname") or None
-    if x.domainname and not flags & NS_FLAGS["uts"]:
-        raise _bad("domainname", "needs a new uts namespace")
+    from .configproc import parse as proc_settings
+    x.proc = proc_settings(proc, linux) or None
+    own_uts = flags & NS_FLAGS["uts"] or any(t == "uts" for t, _ in join)
+    if x.domainname and not own_uts:
+        raise _bad("domainname", "needs a uts namespace of the container's")
+    if spec.hostname and not own_uts:
+        raise _bad("hostname", "needs a uts namespace of the container's")
     caps = x.caps[1]
     seccomp = _get(linux, "seccomp", dict, "linux")
     if seccomp and (seccomp.get("listenerPath") or seccomp.get("flags")):
         raise _bad("linux.seccomp", "listenerPath and flags are not supported",
                    "gpusandbox's filter has no user-space notifier and no filter flags")
     over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,
-            "idmaps": _idmaps(linux) if userns else None, "seccomp": seccomp,
-            "keep_fds": tuple(range(3, 3 + preserve_fds)), "plan_env": plan_env,
-            "devices": _devices(linux)}
+            "idmaps": _idmaps(linux, uid, gid) if userns else None, "seccomp": seccomp,
+            "keep_fds": _open_fds(preserve_fds), "plan_env": plan_env,
+            "devices": _devices(linux, make=real_root and initial_userns())}
     return conf, spec, x, over
+
+
+def _open_fds(n):
+    """The descriptors 3 .. 3+n-1 (--preserve-fds N) the caller really passed:
+    a hole in that range is not passed on (it may hold one of this runtime's
+    own descriptors by the time the workload starts)."""
+    out = []
+    for fd in range(3, 3 + n):
+        try:
+            os.get_inheritable(fd)
+        except OSError:
+            continue
+        out.append(fd)
+    return tuple(out)
 
 
 def _setgroups_denied():
@@ -388,6 +451,8 @@ def apply(plan, x, over):
             plan.userns = "subids"
             plan.clear_groups = True
     plan.env = dict(plan.env)
+    if x.annotations.get("run.oci.keep_original_groups") == "1":
+        plan.clear_groups = False
     if _setgroups_denied():
         # The same namespace may deny setgroups(2) (user_namespaces(7)): the
         # process keeps the groups it has there, which map to nothing more.
@@ -399,12 +464,20 @@ def apply(plan, x, over):
         plan.devpts_gid = None
     from ..edits import DeviceNode
     rules = list(over["dev_rules"])
-    for path, host, major, minor in over["devices"]:
+    binds, x.mknod = over["devices"]
+    for path, host, major, minor in binds:
         plan.edits.device_nodes.append(DeviceNode(path, host, major, minor))
         rules.append(("c", major, minor, "rw"))
+    for path, kind, major, minor, _, _, _ in x.mknod:
+        if not stat.S_ISFIFO(kind):
+            rules.append(("b" if stat.S_ISBLK(kind) else "c", major, minor, "rwm"))
     if rules:
         plan.device_rules = list(plan.device_rules or []) + rules
     plan.keep_fds = over["keep_fds"]
+    e = plan.edits
+    if any(p.startswith("/sys/") for p in [mt.path for mt in e.mounts]
+           + [n.path for n in e.device_nodes] + [t.path for t in e.tmpfs]):
+        x.sys_at = None     # the GPU edits go under /sys: it is mounted before them
     # No hostname in the config: the new UTS namespace keeps the host's name,
     # as runc leaves it.
     plan.hostname = plan.spec.hostname or os.uname().nodename

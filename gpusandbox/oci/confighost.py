@@ -89,21 +89,49 @@ def _host_node(major, minor, path):
     return None
 
 
-def _devices(linux):
-    """linux.devices: each a host node of the same numbers, bind-mounted at
-    its path (nodes are never created: no CAP_MKNOD in any sandbox)."""
-    out = []
+def initial_userns():
+    """Whether this process is in the host's own user namespace (mknod(2)
+    of devices needs CAP_MKNOD there)."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            return f.read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
+def _devices(linux, make=False):
+    """linux.devices: ([(path, host node, major, minor)] to bind from the
+    host, [(path, S_IF type, major, minor, mode, uid, gid)] to create).
+
+    make: real root in the host's user namespace, where mknod(2) of every
+    type is allowed (the init makes them, or `create` for a container with
+    a user namespace of its own: stages/ocisetup.py); otherwise no process
+    holds CAP_MKNOD and each character device is the host's node of the same
+    numbers, bind-mounted at its path."""
+    binds, nodes = [], []
     for i, d in enumerate(_get(linux, "devices", list, "linux", [])):
         where = f"linux.devices[{i}]"
         path, typ = _get(d, "path", str, where), _get(d, "type", str, where)
         major, minor = _get(d, "major", int, where), _get(d, "minor", int, where)
         if not path or not path.startswith("/") or "\0" in path:
             raise _bad(where, "path must be absolute")
-        if typ not in ("c", "u") or major is None or minor is None:
-            raise _bad(where, f"{path}: only character devices can be added",
-                       "block devices and fifos are never offered")
+        if typ not in ("c", "u", "b", "p"):
+            raise _bad(where, f"{path}: unknown device type {typ!r}")
+        if typ != "p" and (major is None or minor is None or major < 0 or minor < 0):
+            raise _bad(where, f"{path}: a {typ} device needs major and minor")
+        if make:
+            mode = _get(d, "fileMode", int, where, 0o666)
+            uid, gid = _get(d, "uid", int, where, 0), _get(d, "gid", int, where, 0)
+            if not 0 <= mode <= 0o7777 or uid < 0 or gid < 0:
+                raise _bad(where, f"{path}: fileMode, uid or gid out of range")
+            kind = {"c": stat.S_IFCHR, "u": stat.S_IFCHR, "b": stat.S_IFBLK, "p": stat.S_IFIFO}
+            nodes.append((container_path(path), kind[typ], major or 0, minor or 0, mode, uid, gid))
+            continue
+        if typ not in ("c", "u"):
+            raise _bad(where, f"{path}: only character devices can be added here",
+                       "block devices and fifos are created only for real root")
         host = _host_node(major, minor, path)
         if host is None:
             raise _bad(where, f"{path}: no host character device {major}:{minor}")
-        out.append((container_path(path), host, major, minor))
-    return out
+        binds.append((container_path(path), host, major, minor))
+    return binds, nodes

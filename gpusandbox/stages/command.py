@@ -45,7 +45,10 @@ def run(plan, err_w, wdfd, tty_slave):
                 pass
         # Own session: the command cannot reach the caller's terminal with
         # TIOCSTI (it is no longer its controlling terminal).
-        os.setsid()
+        try:
+            os.setsid()
+        except PermissionError:
+            pass    # an OCI init that becomes its workload leads its session already
         if tty_slave is not None:
             k.libc.ioctl(tty_slave, _TIOCSCTTY, 0)
             for fd in (0, 1, 2):
@@ -62,6 +65,9 @@ def run(plan, err_w, wdfd, tty_slave):
         k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
         for fd in plan.keep_fds:  # srun's PMI_FD: the job's own channel to slurmstepd
             os.set_inheritable(fd, True)
+        if plan.oci is not None:
+            step = "applying the OCI process settings"
+            ocisetup.before_privileges(plan)
         early = plan.oci is not None and ocisetup.seccomp_early(plan)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.

@@ -246,7 +246,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             os._exit(125)
         # Nothing the caller's process left open stays open in the sandbox's
         # init for its whole life (stdio, the pipes and the tty socket stay).
-        _close_except({0, 1, 2, go_r, err_w, plan.rootfd, *plan.keep_fds}
+        _close_except({0, 1, 2, go_r, err_w, plan.rootfd, *plan.keep_fds, *ocisetup.held_fds(plan)}
                       | ({tty_sock.fileno()} if tty_sock else set()))
         k.set_comm("gpusandbox-init")
         # Leave the caller's process group and session: keyboard signals reach
@@ -295,7 +295,10 @@ def run(plan, go_r, err_w, tty_sock, wait):
         _user_binds(rootfd, binds)
         if oci_src is not None:
             step = "mounting the OCI config's mounts"
-            ocisetup.mounts(plan, rootfd, oci_src)
+            ocisetup.mounts(plan, rootfd, oci_src, lambda: sysmounts.sysfs(plan, rootfd, src, True))
+            step = "running the createContainer hooks"
+            ocisetup.container_hooks(plan, "createContainer", oci_src, plan.oci.hook_state
+                                     and plan.oci.hook_state["bundle"])
         step = "masking /proc and /sys paths"
         sysmounts.mask(rootfd, plan.oci)
         step = f"opening the working directory {plan.workdir}"
@@ -316,7 +319,14 @@ def run(plan, go_r, err_w, tty_sock, wait):
         if oci_src is not None:
             step = "waiting for start"
             err_w = ocisetup.wait_start(plan, err_w, oci_src, tty_slave)
+            step = "running the startContainer hooks"
+            ocisetup.container_hooks(plan, "startContainer", oci_src, "/")
         step = "starting the command"
+        if oci_src is not None:
+            # An OCI container's init becomes its workload (pid 1 of its pid
+            # namespace, parent 0, as runc's and crun's): the caller reaps
+            # the workload's own status and signals reach it unforwarded.
+            command.run(plan, err_w, wdfd, tty_slave)
         pid = os.fork()
         if pid == 0:
             command.run(plan, err_w, wdfd, tty_slave)

@@ -5,6 +5,7 @@ is the ordinary init of stages/init.py.
 """
 import errno
 import os
+import stat
 
 from ..linux import mounts as m
 from ..linux import sys as k
@@ -28,7 +29,28 @@ def open_sources(plan):
         else:
             binds.append(None)
     fifo = os.open(oci.fifo, k.O_PATH | os.O_CLOEXEC) if oci.fifo else -1
-    return {"binds": binds, "fifo": fifo}
+    # The init's pid as the caller sees it, for the hooks' state: /proc here
+    # is still the host's, of the caller's pid namespace.
+    pid = int(os.readlink("/proc/self")) if getattr(oci, "hook_state", None) else 0
+    return {"binds": binds, "fifo": fifo, "pid": pid}
+
+
+def container_hooks(plan, stage, src, cwd=None):
+    """createContainer (after the mounts, before the pivot: the paths are the
+    runtime's, cwd the bundle) and startContainer hooks (after `start`, in
+    the container's root, before the workload): run by the init, in the
+    container's namespaces, with the OCI state on stdin (runtime-spec
+    config.md).  A failing one fails the container."""
+    hooks = plan.oci.hooks.get(stage) if plan.oci.hook_state else None
+    if not hooks:
+        return
+    from ..oci.runtime import hooks as runner   # loaded by `create` before the clone
+    from ..errors import SandboxError
+    state = dict(plan.oci.hook_state, pid=src["pid"])
+    try:
+        runner.run(plan.oci.hooks, (stage,), state, None, cwd=cwd)
+    except SandboxError as e:
+        raise OSError(0, e.line()) from None    # the init reports an OSError's text as is
 
 
 def _attrs(mnt):
@@ -58,12 +80,18 @@ def run_tmpfs(plan, data, attrs):
     return mnt.data, attrs | _attrs(mnt)
 
 
-def mounts(plan, rootfd, src):
+def mounts(plan, rootfd, src, sysfs):
     """The config's mounts in its order, after the system mounts (so a
     config's /dev/shm or /tmp goes over ours), then its sysctls (before the
-    masking makes /proc/sys read-only)."""
+    masking makes /proc/sys read-only).  /sys goes where the config lists
+    it among its own (sysfs(); sys_at: how many of them come first), so
+    that the mount table shows the config's order (runtime-spec config.md:
+    mounts in the listed order)."""
+    sys_at = plan.oci.sys_at
     own_run = _own_run(plan)
-    for mnt, fd in zip(plan.oci.mounts, src["binds"]):
+    for i, (mnt, fd) in enumerate(zip(plan.oci.mounts, src["binds"])):
+        if i == sys_at:
+            sysfs()
         if mnt is own_run:
             continue
         if fd is not None:
@@ -73,6 +101,14 @@ def mounts(plan, rootfd, src):
             fd = m.new_fs(mnt.fstype, mnt.data, _attrs(mnt))
         m.attach(fd, m.open_target(rootfd, mnt.destination, mnt.target_kind),
                  f"mounting {mnt.destination}")
+    if sys_at is not None and sys_at >= len(plan.oci.mounts):
+        sysfs()
+    premade = getattr(plan.oci, "premade", None)
+    if premade:
+        for path, fd in premade:
+            m.attach(fd, m.open_target(rootfd, path, "file"), f"binding device {path}")
+    else:
+        _make_devices(rootfd, getattr(plan.oci, "mknod", None) or ())
     if plan.oci.domainname:
         # The container's own UTS namespace (config.py insists on one).
         name = plan.oci.domainname.encode()
@@ -86,6 +122,64 @@ def mounts(plan, rootfd, src):
             os.write(fd, value.encode())
         finally:
             os.close(fd)
+
+
+def _make_devices(rootfd, nodes):
+    """linux.devices made by mknod(2) (real root in the host's user
+    namespace only: oci/confighost.py), after the config's mounts so that a
+    tmpfs there does not hide them; what was at the path is replaced."""
+    for path, kind, major, minor, mode, uid, gid in nodes:
+        parent, _, name = path.rpartition("/")
+        pfd = m.open_target(rootfd, parent or "/", "dir", create=True)
+        try:
+            try:
+                os.mknod(name, kind | 0o600, os.makedev(major, minor), dir_fd=pfd)
+            except FileExistsError:
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if st.st_mode & 0o170000 == kind and st.st_rdev == os.makedev(major, minor):
+                    continue    # one of the init's standard nodes (a host node: left as is)
+                os.unlink(name, dir_fd=pfd)
+                os.mknod(name, kind | 0o600, os.makedev(major, minor), dir_fd=pfd)
+            # Not through mknod's mode: the umask would take bits off.
+            os.chown(name, uid, gid, dir_fd=pfd, follow_symlinks=False)
+            os.chmod(name, mode, dir_fd=pfd, follow_symlinks=True)
+        finally:
+            os.close(pfd)
+
+
+def premake_devices(nodes, idmaps):
+    """For a container with a user namespace of its own, where nothing holds
+    CAP_MKNOD: `create` (real root in the host's namespace) makes each node
+    in a private detached tmpfs (no nodev), owned by the host ids its
+    container ids map to, and hands the init a detached clone of each to
+    attach at its path.  Returns [(path, mount fd)]."""
+    def host_id(rows, cid, what, path):
+        for inside, outside, size in rows:
+            if inside <= cid < inside + size:
+                return outside + cid - inside
+        raise OSError(22, f"linux.devices {path}: {what} {cid} is not mapped in the user namespace")
+    stage = m.new_fs("tmpfs", ("mode=0700",), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC)
+    out = []
+    try:
+        for i, (path, kind, major, minor, mode, uid, gid) in enumerate(nodes):
+            name = f"n{i}"
+            os.mknod(name, kind | 0o600, os.makedev(major, minor), dir_fd=stage)
+            os.chown(name, host_id(idmaps[0], uid, "uid", path),
+                     host_id(idmaps[1], gid, "gid", path), dir_fd=stage, follow_symlinks=False)
+            os.chmod(name, mode, dir_fd=stage)
+            out.append((path, m.clone_tree(name, recursive=False, dirfd=stage)))
+    except BaseException:
+        for _, fd in out:
+            os.close(fd)
+        raise
+    finally:
+        os.close(stage)
+    return out
+
+
+def held_fds(plan):
+    """The descriptors the init must keep from `create`."""
+    return {fd for _, fd in getattr(plan.oci, "premade", None) or ()} if plan.oci else set()
 
 
 def wait_start(plan, err_w, src, tty_slave=None):
@@ -145,10 +239,83 @@ def _open_for_start(fifo):
         os.close(ino)
 
 
+def process_settings(ps):
+    """The config's scheduling settings (oci/configproc.py), while the command
+    stage still holds its capabilities (a real-time policy or I/O class
+    needs CAP_SYS_NICE / CAP_SYS_ADMIN); all survive the execve.  The
+    memory policy first: it applies to what the process allocates next."""
+    from ..linux import procsched
+    if ps.cpus_initial is not None:
+        procsched.set_affinity(ps.cpus_initial)
+    if ps.mempolicy is not None:
+        procsched.set_mempolicy(*ps.mempolicy)
+    if ps.ioprio is not None:
+        procsched.set_ioprio(ps.ioprio)
+    if ps.sched is not None:
+        procsched.set_scheduler(*ps.sched)
+    if ps.personality is not None:
+        procsched.set_personality(ps.personality)
+
+
+def before_privileges(plan):
+    """What the command stage of an OCI process does while it is still root:
+    the scheduling settings, HOME from the container's passwd when the
+    config has none, and stdio handed to the process's user (runc's and
+    crun's rules)."""
+    ps = getattr(plan.oci, "proc", None)
+    if ps is not None:
+        process_settings(ps)
+    if "HOME" not in plan.env:
+        plan.env["HOME"] = _passwd_home(plan.cmd_uid)
+    _chown_stdio(plan.cmd_uid, plan.cmd_gid)
+
+
+def _passwd_home(uid):
+    """The home of `uid` in the container's /etc/passwd (we are in its root
+    now), else "/"."""
+    try:
+        fd = os.open("/etc/passwd", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return "/"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "/"
+        data = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    for line in data.decode("utf-8", "replace").splitlines():
+        f = line.split(":")
+        if len(f) >= 6 and f[2] == str(uid) and f[5]:
+            return f[5]
+    return "/"
+
+
+def _chown_stdio(uid, gid):
+    """The process's stdio (a pipe, a file, the pty) owned by its user, so
+    that it can reopen them through /proc/self/fd; /dev/null stays as it is.
+    Ids the user namespace does not map, or an owner it cannot change, leave
+    a descriptor as it was."""
+    for fd in (0, 1, 2):
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3):
+                continue
+            if (st.st_uid, st.st_gid) != (uid, gid):
+                os.fchown(fd, uid, gid)
+        except OSError:
+            continue
+
+
 def before_exec(plan):
     """Process settings that apply to the command only."""
     if plan.oci.umask is not None:
         os.umask(plan.oci.umask)
+    ps = getattr(plan.oci, "proc", None)
+    if ps is not None and ps.cpus_final is not None:
+        # execCPUAffinity.final: the workload's own CPUs, set last so that the
+        # setup before it ran on the initial ones (runtime-spec config.md).
+        from ..linux import procsched
+        procsched.set_affinity(ps.cpus_final)
 
 
 def seccomp_early(plan):

@@ -48,25 +48,16 @@ def system_mounts(plan, rootfd, src):
     # Each fresh filesystem names its type as its source (mountinfo), as runc's do.
     m.attach(m.new_fs("proc", ("source=proc",), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/proc", strict=True), "mounting /proc")
-    sysfd = src.pop("sys")
-    m.restrict(sysfd, ro=True, noexec=True)
-    m.attach(sysfd, tgt(rootfd, "/sys", strict=True), "binding /sys read-only")
-    for path in src.pop("sys-hide"):
-        try:
-            target = tgt(rootfd, path, create=False, strict=True)
-        except OSError:
-            continue       # not a directory we can reach (a file mount, say)
-        empty = m.new_fs("tmpfs", ("size=4k", "mode=0555"), k.MOUNT_ATTR_RDONLY
-                         | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
-        m.attach(empty, target, f"covering {path}")
-    if plan.own_cgroup:
-        _cgroup_view(rootfd)
+    if plan.oci is None or plan.oci.sys_at is None:
+        sysfs(plan, rootfd, src)
     m.attach(m.new_fs("tmpfs", ("source=tmpfs", "mode=0755", "size=4m"),
                       k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/dev", strict=True), "mounting /dev")
     for name in STD_DEVICES:
-        m.attach(src.pop("dev:" + name), tgt(rootfd, "/dev/" + name, "file", strict=True),
-                 f"binding /dev/{name}")
+        fd = src.pop("dev:" + name)
+        # The host's nodes, bound: nothing on them is a program to run.
+        m.restrict(fd, ro=False, nosuid=True, noexec=True, nodev=False, recursive=False)
+        m.attach(fd, tgt(rootfd, "/dev/" + name, "file", strict=True), f"binding /dev/{name}")
     pts = ["source=devpts", "newinstance", "ptmxmode=0666", "mode=0620"]
     if plan.devpts_gid is not None:
         pts.append(f"gid={plan.devpts_gid}")
@@ -88,6 +79,31 @@ def system_mounts(plan, rootfd, src):
         fs = src.pop("shm") if path == "/dev/shm" and "shm" in src else \
             m.new_fs("tmpfs", data, attrs)
         m.attach(fs, tgt(rootfd, path, strict=True), f"mounting {path}")
+
+
+def sysfs(plan, rootfd, src, fresh=False):
+    """/sys read-only, what is mounted on the host's covered, the cgroup view.
+    An OCI config may place it after mounts of its own (ocisetup.mounts):
+    fresh then clones it again, since the mount table lists mounts in the
+    order they were made (the kernel's unique mount id), not attached."""
+    tgt = m.open_target
+    if fresh:
+        os.close(src["sys"])
+        # Still the host's /sys: the image is attached over its own directory.
+        src["sys"], src["sys-hide"] = sysfs_alone()
+    sysfd = src.pop("sys")
+    m.restrict(sysfd, ro=True, noexec=True)
+    m.attach(sysfd, tgt(rootfd, "/sys", strict=True), "binding /sys read-only")
+    for path in src.pop("sys-hide"):
+        try:
+            target = tgt(rootfd, path, create=False, strict=True)
+        except OSError:
+            continue       # not a directory we can reach (a file mount, say)
+        empty = m.new_fs("tmpfs", ("size=4k", "mode=0555"), k.MOUNT_ATTR_RDONLY
+                         | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
+        m.attach(empty, target, f"covering {path}")
+    if plan.own_cgroup:
+        _cgroup_view(rootfd)
 
 
 def _cgroup_view(rootfd):

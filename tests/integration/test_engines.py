@@ -52,7 +52,7 @@ DEBIAN_CONFIG = """version = 2
 # GPU 0 and 1 as the container sees them, the driver library (in the
 # image's library directory, or in /run/gpusandbox/lib when the root is
 # written through, as containerd's and docker's configs ask), and pid 1's
-# name (gpusandbox-init under gpusandbox-oci; the workload itself under runc).
+# name (the workload itself, under gpusandbox-oci as under runc).
 SHOW = ("for n in 0 1; do if [ -e /dev/nvidia$n ]; then cat /dev/nvidia$n 2>&1 | "
         "sed 's/^/open: /'; else echo absent /dev/nvidia$n; fi; done; "
         "for f in /usr/lib/x86_64-linux-gnu/libcuda.so.1 /run/gpusandbox/lib/libcuda.so.1; do "
@@ -220,7 +220,7 @@ def _teardown(d, proc):
                                timeout=30)
     _stop(proc)
     # Shims (their command line names our socket) and containers' processes
-    # (gpusandbox-init keeps create's command line, which names our dir)
+    # (a created container's init keeps create's command line, which names our dir)
     # that outlived the clean stop: ours by their marker, killed by pid.
     for pid in pids_with(str(d)):
         try:
@@ -262,7 +262,7 @@ def test_ctr_run_through_gpusandbox_oci(containerd):
                        "sh", "-c", SHOW + "; grep ' /run ' /proc/self/mountinfo; exit 7",
                        check=False)
     assert r.returncode == 7, (r.stdout, r.stderr)
-    check_gpu(r.stdout, 1, "gpusandbox-init")
+    check_gpu(r.stdout, 1, "sh")
     # containerd's default spec mounts a tmpfs at /run: it is the init's own
     # (with the spec's size), not one over the injected driver files.
     run = [ln for ln in r.stdout.splitlines() if " /run " in ln]
@@ -287,7 +287,7 @@ def test_ctr_task_lifecycle(containerd):
         assert os.path.isdir(leaf), st
         r = ctr("tasks", "exec", "--fifo-dir", str(containerd.d / "fifo"), "--exec-id", "e1",
                 cid, "sh", "-c", "echo in-exec; cat /proc/1/comm; exit 6", check=False)
-        assert (r.returncode, r.stdout) == (6, "in-exec\ngpusandbox-init\n"), r.stderr
+        assert (r.returncode, r.stdout) == (6, "in-exec\nsh\n"), r.stderr
         ctr("tasks", "pause", cid)
         assert " PAUSED" in ctr("tasks", "ls").stdout
         ctr("tasks", "resume", cid)
@@ -375,7 +375,7 @@ def test_docker_run(docker):
                "NVIDIA_VISIBLE_DEVICES=1", "gsbx/engines:1", "sh", "-c", SHOW + "; exit 5",
                check=False)
     assert r.returncode == 5, (r.stdout, r.stderr)
-    check_gpu(r.stdout, 1, "gpusandbox-init")
+    check_gpu(r.stdout, 1, "sh")
     r = docker("run", "--rm", "--runtime", "gpusandbox-runtime", "--network", "none", "-e",
                "NVIDIA_VISIBLE_DEVICES=0", "gsbx/engines:1", "sh", "-c", SHOW, check=False)
     assert r.returncode == 0, (r.stdout, r.stderr)
@@ -405,7 +405,7 @@ def test_docker_lifecycle(docker):
         assert os.path.isdir(leaf), leaf
         r = docker("exec", "-e", "FOO=bar", cid, "sh", "-c", "echo $FOO; cat /proc/1/comm; exit 6",
                    check=False)
-        assert (r.returncode, r.stdout) == (6, "bar\ngpusandbox-init\n"), r.stderr
+        assert (r.returncode, r.stdout) == (6, "bar\nsh\n"), r.stderr
         r = docker("exec", "-t", cid, "tty")
         assert r.stdout.startswith("/dev/pts/"), r.stdout
         docker("pause", cid)

@@ -62,13 +62,14 @@ def test_translation(tmp_path):
     assert x.sysctl == [("net.ipv4.ping_group_range", "0 0")]
     assert over["dev_rules"] == [("c", 10, 200, "rw")]
     assert over["keep_fds"] == (3, 4)
-    assert over["devices"] == []
+    assert over["devices"] == ([], [])
 
 
 @pytest.mark.parametrize("path,value,why", [
     ("linux.intelRdt", {"closID": "a"}, "intelRdt is not supported"),
     ("process.apparmorProfile", "x", "no LSM support"),
-    ("linux.namespaces", [{"type": "mount"}, {"type": "uts"}], "no pid namespace"),
+    ("linux.namespaces", [{"type": "uts"}], "no mount namespace"),
+    ("linux.namespaces", [{"type": "mount"}, {"type": "user"}], "needs a pid namespace"),
     ("linux.namespaces", [{"type": "pid"}, {"type": "mount"}, {"type": "uts"},
                           {"type": "user", "path": "/proc/1/ns/user"}],
      "joining an existing user namespace"),
@@ -78,20 +79,32 @@ def test_translation(tmp_path):
      "option rshared"),
     ("linux.sysctl", {"../../x": "1"}, "invalid key"),
     ("process.capabilities", {"effective": ["CAP_NOPE"]}, "unknown capability"),
-    ("hooks", {"startContainer": [{"path": "/bin/true"}]}, "startContainer hooks"),
     ("ociVersion", "0.9", "not a 1.x version"),
     ("linux.rootfsPropagation", "shared", "'shared' is not supported"),
     ("linux.seccomp", {"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/x"},
      "listenerPath and flags"),
-    ("linux.devices", [{"path": "/dev/sda", "type": "b", "major": 8, "minor": 0}],
-     "only character devices"),
-    ("linux.devices", [{"path": "/dev/x", "type": "c", "major": 4095, "minor": 77}],
-     "no host character device 4095:77"),
+    ("linux.devices", [{"path": "/dev/sda", "type": "q", "major": 8, "minor": 0}],
+     "unknown device type 'q'"),
+    ("linux.devices", [{"path": "/dev/sda", "type": "b", "minor": 0}], "needs major and minor"),
 ])
 def test_refusals(tmp_path, path, value, why):
     with pytest.raises(UsageError) as e:
         _load(tmp_path, **{path: value})
     assert why in e.value.line()
+
+
+def test_devices_without_mknod():
+    """Without CAP_MKNOD in the host's namespace a device is a host node, bound."""
+    from gpusandbox.oci.confighost import _devices
+    for dev, why in (({"path": "/dev/sda", "type": "b", "major": 8, "minor": 0},
+                      "only character devices"),
+                     ({"path": "/dev/x", "type": "c", "major": 4095, "minor": 77},
+                      "no host character device 4095:77")):
+        with pytest.raises(UsageError) as e:
+            _devices({"devices": [dev]}, make=False)
+        assert why in e.value.line()
+    assert _devices({"devices": [{"path": "/dev/z", "type": "c", "major": 1, "minor": 5}]},
+                    make=False) == ([("/dev/z", "/dev/zero", 1, 5)], [])
 
 
 def test_driver_settings_file(tmp_path):

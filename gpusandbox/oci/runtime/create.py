@@ -95,6 +95,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
     ok = False
     child = None
     cg = None
+    x = None
     try:
         os.mkfifo(fifo, 0o622)
         os.chmod(fifo, 0o622)
@@ -107,8 +108,28 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         ociconfig.apply(plan, x, over)
         for w in plan.warnings:
             log.warn(w)
+        x.hook_state = None
+        if x.hooks.get("createContainer") or x.hooks.get("startContainer"):
+            from . import hooks  # noqa: F401 - run by the init, a clone of this process
+            x.hook_state = {"ociVersion": "1.0.2", "id": cid, "status": "created",
+                            "bundle": os.path.abspath(bundle), "annotations": x.annotations}
+        x.premade = None
+        if x.mknod and plan.clone_flags & ociconfig.NS_FLAGS["user"]:
+            from ...stages.ocisetup import premake_devices
+            try:
+                x.premade = premake_devices(x.mknod, over["idmaps"])
+            except OSError as e:
+                raise SandboxError("making the config's devices", e.strerror or str(e)) from None
         _rlimits(x)
         _setns(x.ns_join)
+        if spec.hostname and any(t == "uts" for t, _ in x.ns_join):
+            # A uts namespace given by path is the container's: its hostname
+            # is set there (the init sets it only in a new one), as runc does.
+            try:
+                k.sethostname(spec.hostname)
+            except OSError as e:
+                raise SandboxError("setting the hostname in the joined uts namespace",
+                                   e.strerror) from None
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if x.terminal else None
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
         limits = None
@@ -163,6 +184,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             os.rename(tmp, pid_file)
         ok = True
     finally:
+        for _, fd in getattr(x, "premade", None) or () if x is not None else ():
+            os.close(fd)      # the init holds its own copies
         if not ok:
             if child:
                 try:

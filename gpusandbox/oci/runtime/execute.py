@@ -45,7 +45,10 @@ def _parse(rest):
     else:
         if len(pos) < 2:
             raise SandboxError("exec: a command is required (or --process FILE)")
+        # As crun: a process given on the command line gets no_new_privs
+        # only from --no-new-privs, not from the container's config.
         proc = {"args": pos[1:], "terminal": _truthy(opts, "--tty") or _truthy(opts, "-t"),
+                "noNewPrivileges": False,
                 "env": opts.get("--env", []) + opts.get("-e", []),
                 "cwd": _one(opts, "--cwd")}
         user = _one(opts, "--user") or _one(opts, "-u")
@@ -83,12 +86,28 @@ def _plan(st, proc, rest_flags=()):
     groups = user.get("additionalGids")
     x.groups = [g for g in groups if isinstance(g, int)] if isinstance(groups, list) else None
     x.umask = user.get("umask") if isinstance(user.get("umask"), int) else None
+    from ..configproc import parse as proc_settings
+    x.proc = proc_settings(proc) or None
+    if _setgroups_denied(st["pid"]):
+        # The container's user namespace denies setgroups(2) (a map written
+        # without it, or `unshare -r` above it), as create's apply() allows
+        # for: the process keeps the groups it has.
+        plan.clear_groups = False
+        x.groups = None
     plan.oci = x
     seccomp = (conf.get("linux") or {}).get("seccomp")
     if seccomp:
         from ...linux import seccomp as sc
         plan.seccomp = sc.compile_bytes(json.dumps(seccomp), sc.host_arch(), "linux.seccomp")
     return plan
+
+
+def _setgroups_denied(pid):
+    try:
+        with open(f"/proc/{pid}/setgroups") as f:
+            return f.read().strip() == "deny"
+    except OSError:
+        return False
 
 
 def main_exec(root, rest, log):

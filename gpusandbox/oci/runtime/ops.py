@@ -83,8 +83,15 @@ def start(root, cid, log):
     os.unlink(fifo)
     if (st.get("hooks") or {}).get("poststart"):
         from . import hooks     # subprocess: only when there are hooks to run
-        hooks.run(st.get("hooks"), ("poststart",), state.public(st), log)
+        hooks.run(st.get("hooks"), ("poststart",), poststart_state(st), log)
     return 0
+
+
+def poststart_state(st):
+    """The state poststart hooks get: as `start` made it, running with the
+    init's pid, even when the workload (pid 1, the init itself) has already
+    ended by the time they run."""
+    return dict(state.public(st), status="running", pid=st["pid"])
 
 
 def state_cmd(root, cid):
