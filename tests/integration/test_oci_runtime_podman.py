@@ -31,6 +31,12 @@ class Podman:
 
     def argv(self, args):
         cmd = ["podman", "--runtime", OCI] + list(args)
+        if self.mode == "root":
+            # A store of its own under /tmp/gsbx-test-podman-*: the overlay
+            # mounts root podman makes there are not the host's for the
+            # tests beside (conftest.host_mounts), and none outlive the module.
+            cmd[1:1] = ["--root", f"{self.home}/storage", "--runroot", f"{self.home}/rr",
+                        "--tmpdir", f"{self.home}/tmp"]
         if self.mode == "rootless":
             cmd = ["setpriv", f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
                    "--clear-groups", "--", "env", "-i", "PATH=/usr/bin:/bin:/usr/sbin:/sbin",
@@ -49,7 +55,7 @@ class Podman:
 
 @pytest.fixture(scope="module", params=MODES)
 def podman(request, cli, rootfs, test_user):
-    home = Path(tempfile.mkdtemp(prefix="gsbx-oci-podman-"))
+    home = Path(tempfile.mkdtemp(prefix="gsbx-test-podman-oci-", dir="/tmp"))
     os.chmod(home, 0o755)
     (home / "run").mkdir(mode=0o700)
     for p in (home, home / "run"):
@@ -61,8 +67,7 @@ def podman(request, cli, rootfs, test_user):
     assert r.returncode == 0, r.stderr
     yield pm
     pm("rmi", "-f", IMAGE)
-    if pm.mode == "rootless":
-        pm("system", "reset", "--force", timeout=120)
+    pm("system", "reset", "--force", timeout=120)
     shutil.rmtree(home, ignore_errors=True)
 
 
