@@ -110,8 +110,11 @@ def _fast(st):
     """state.fast, which bin/gpusandbox-oci answers `state` from without
     Python: a magic line, pid, start time and cgroup leaf, then the public
     object as one ASCII JSON line split around its status and pid (the only
-    values that change).  None (no file: the entry falls back to Python)
-    where a line would not survive the shell's `read`."""
+    values that change), then `plain` where `start` and `delete` of a
+    stopped container are no more than the entry does (no poststart or
+    poststop hook, no cgroup or a cgroup2 leaf), else `python`.  None (no
+    file: the entry falls back to Python) where a line would not survive
+    the shell's `read`."""
     pid, start, leaf = st.get("pid") or 0, st.get("start_time"), st.get("cgroup") or ""
     if not isinstance(pid, int) or pid <= 0 or not isinstance(start, int) \
             or not isinstance(leaf, str) or not leaf.isascii() or "\n" in leaf:
@@ -126,7 +129,11 @@ def _fast(st):
     if text[j:j + len(_MID) + len(p)] != _MID + p:
         return None
     head, tail = text[:i] + '"', text[j + len(_MID) + len(p):]
-    return f"gsbx-state-fast 1\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n"
+    hooks = st.get("hooks") or {}
+    plain = not hooks.get("poststart") and not hooks.get("poststop") \
+        and (not leaf or st.get("cgroup_version") == 2)
+    return (f"gsbx-state-fast 1\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n"
+            f"{'plain' if plain else 'python'}\n")
 
 
 def alive(st):
