@@ -9,7 +9,6 @@ than ignored.  GPUs come from NVIDIA_VISIBLE_DEVICES in process.env; which
 driver root serves them is the caller's environment's choice
 (GPUSANDBOX_DRIVER_ROOT, GPUSANDBOX_DEV_ROOT), never the config's.
 """
-import json
 import os
 import stat
 
@@ -17,6 +16,8 @@ from ..errors import UsageError
 from ..imageroot import container_path
 from ..spec import RunSpec
 from .confighost import _devices, driver_settings  # noqa: F401 - driver_settings is API
+# The json package's results without its import of re and enum (`create`).
+from .runtime import jsonlite as json
 
 MAX_CONFIG = 4 << 20
 
@@ -410,8 +411,11 @@ def apply(plan, x, over):
     plan.hostname = plan.spec.hostname or os.uname().nodename
     if over["seccomp"]:
         from ..linux import seccomp
-        plan.seccomp = seccomp.compile_bytes(json.dumps(over["seccomp"]).encode(),
-                                             seccomp.host_arch(), "linux.seccomp")
+        # The parsed document as it is (compile_bytes would dump and parse it
+        # again, through the json package).
+        arch = seccomp.host_arch()
+        plan.seccomp = seccomp.assemble(seccomp.parse(over["seccomp"], arch, "linux.seccomp"),
+                                        arch)
     points = [(mt.destination, mt.target_kind) for mt in x.mounts]
     from ..plan import OWN_FS
     plan.points += [(p, kd) for p, kd in points if not p.startswith(OWN_FS) and p != "/"]

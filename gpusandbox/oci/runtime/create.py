@@ -12,7 +12,6 @@ differs is only what an OCI runtime must do differently:
 - a terminal's master goes to the caller's console socket.
 """
 import os
-import socket
 import time
 
 from ... import plan as planmod
@@ -56,6 +55,7 @@ def _rlimits(x):
 
 
 def _send_console(path, master):
+    import socket
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(path)
@@ -109,7 +109,10 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             log.warn(w)
         _rlimits(x)
         _setns(x.ns_join)
-        tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if x.terminal else None
+        tty = None
+        if x.terminal:
+            import socket   # with its enums: only for a terminal
+            tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
         limits = None
         if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
@@ -139,6 +142,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         if wait:
             os.write(go_w, b"G")
         if tty:
+            import socket
             _, fds, _, _ = socket.recv_fds(tty[0], 1, 1)
             tty[0].close()
             if fds:

@@ -10,10 +10,10 @@ directory does not exist.  --root overrides it.
 The container's init is named by its pid and its start time (field 22 of
 /proc/PID/stat): a recycled pid never passes for the container.
 """
-import json
 import os
 
 from ...errors import SandboxError
+from . import jsonlite as json
 
 # Removed first on delete: the shell entry answers from it, else falls back.
 FILES = ("state.fast", "exec.fifo", "state.json")
@@ -79,7 +79,7 @@ def load(root, cid):
     d = container_dir(root, cid)
     try:
         with open(os.path.join(d, "state.json")) as f:
-            st = json.load(f)
+            st = json.loads(f.read())
     except (OSError, ValueError):
         raise NotFound(f"container \"{cid}\" does not exist") from None
     st["_dir"] = d
