@@ -1,6 +1,6 @@
-"""`gpusandbox-oci start` of a created container and `delete` of a stopped
-one (what podman calls around every `run --rm`) are done by the shell entry
-without starting Python, with the Python path's results: the container
+"""`gpusandbox-oci start` of a created container, `delete` of a stopped one
+(what podman calls around every `run --rm`) and `kill` of a live one are
+done by the shell entry without starting Python, with the Python path's results: the container
 running after start, its state directory and cgroup leaf gone after delete.
 Every other case (an error, a hook, a leaf with a child cgroup) goes to the
 Python path, whose words the entry's answers then are, root and rootless."""
@@ -118,9 +118,13 @@ def test_start_and_delete_without_python(mode, tmp, test_user, rootfs, cli):
     assert not (root / "F1" / "exec.fifo").exists()
     c.same("start", "F1")                     # already running
     c.same("delete", "F1")                    # not stopped, no --force
-    assert c.run([OCI, *c.g, "kill", "F1", "KILL"]).returncode == 0
+    c.same("kill", "F1", "NOPE")
+    c.same("kill", "F1", "65")
+    r, py = c.entry("kill", "F1", "KILL")
+    assert (r.returncode, r.stdout, r.stderr, py) == (0, "", "", False)
     c.wait_stopped("F1")
     c.same("start", "F1")                     # stopped
+    c.same("kill", "F1", "9")                 # not running
     r, py = c.entry("delete", "--force", "F1")
     assert (r.returncode, r.stdout, r.stderr, py) == (0, "", "", False)
     assert os.listdir(root) == []
