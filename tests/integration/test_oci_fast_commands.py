@@ -42,7 +42,11 @@ class Caller:
                             *self.argv([OCI, *self.g, *args])], capture_output=True, text=True,
                            env=self.env, cwd="/", timeout=60)
         execs = [ln for ln in trace.read_text().splitlines() if "execve(" in ln and "= 0" in ln]
-        return r, any("python" in ln for ln in execs)
+        py = [ln for ln in execs if "python" in ln]
+        # The test install holds the package as files: Python starts
+        # without site, the venv's package directory given directly.
+        assert all('"-I", "-S"' in ln for ln in py), py
+        return r, bool(py)
 
     def same(self, *args):
         """The entry and the Python path (`gpusandbox oci`) answer alike: an

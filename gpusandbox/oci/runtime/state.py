@@ -87,11 +87,12 @@ def load(root, cid):
 
 
 def _write(d, name, data):
+    # Renamed into place, so a reader sees the old or the new file whole.
+    # No fsync: the state names live processes, which a crash of the
+    # machine (the only thing that loses unsynced data) ends too.
     tmp = os.path.join(d, f".{name}.{os.getpid()}")
     with open(tmp, "w") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     os.rename(tmp, os.path.join(d, name))
 
 
