@@ -411,11 +411,11 @@ def apply(plan, x, over):
     plan.hostname = plan.spec.hostname or os.uname().nodename
     if over["seccomp"]:
         from ..linux import seccomp
-        # The parsed document as it is (compile_bytes would dump and parse it
-        # again, through the json package).
-        arch = seccomp.host_arch()
-        plan.seccomp = seccomp.assemble(seccomp.parse(over["seccomp"], arch, "linux.seccomp"),
-                                        arch)
+        # The parsed document (compile_bytes would dump and parse it again,
+        # through the json package), its text only to find it in the cache.
+        plan.seccomp = seccomp.compile_document(over["seccomp"],
+                                                json.dumps(over["seccomp"]).encode(),
+                                                "linux.seccomp")
     points = [(mt.destination, mt.target_kind) for mt in x.mounts]
     from ..plan import OWN_FS
     plan.points += [(p, kd) for p, kd in points if not p.startswith(OWN_FS) and p != "/"]
