@@ -124,6 +124,7 @@ def test_start_and_delete_without_python(mode, tmp, test_user, rootfs, cli):
     c.same("delete", "F1")                    # not stopped, no --force
     c.same("kill", "F1", "NOPE")
     c.same("kill", "F1", "65")
+    c.same("kill", "F1", "SIG")
     r, py = c.entry("kill", "F1", "KILL")
     assert (r.returncode, r.stdout, r.stderr, py) == (0, "", "", False)
     c.wait_stopped("F1")
