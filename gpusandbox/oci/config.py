@@ -12,12 +12,12 @@ driver root serves them is the caller's environment's choice
 import os
 import stat
 
+# The json package's results without its import of re and enum (`create`).
+from .runtime import jsonlite as json
 from ..errors import UsageError
 from ..imageroot import container_path
 from ..spec import RunSpec
 from .confighost import _devices, driver_settings  # noqa: F401 - driver_settings is API
-# The json package's results without its import of re and enum (`create`).
-from .runtime import jsonlite as json
 
 MAX_CONFIG = 4 << 20
 

@@ -54,8 +54,14 @@ def _rlimits(x):
             f.write(str(x.oom_score_adj))
 
 
-def _send_console(path, master):
+def _import_socket():
+    """socket, whose import builds its enum classes, only for a terminal:
+    bound as this module's global for the uses below."""
+    global socket
     import socket
+
+
+def _send_console(path, master):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(path)
@@ -102,6 +108,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
                                                 config_path)
         if x.terminal and not console:
             raise SandboxError("process.terminal is set but no --console-socket was given")
+        if x.terminal:
+            _import_socket()
         spec.best_effort = True
         plan = planmod.build(spec, over["plan_env"])
         ociconfig.apply(plan, x, over)
@@ -109,10 +117,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             log.warn(w)
         _rlimits(x)
         _setns(x.ns_join)
-        tty = None
-        if x.terminal:
-            import socket   # with its enums: only for a terminal
-            tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if x.terminal else None
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
         limits = None
         if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
@@ -142,7 +147,6 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         if wait:
             os.write(go_w, b"G")
         if tty:
-            import socket
             _, fds, _, _ = socket.recv_fds(tty[0], 1, 1)
             tty[0].close()
             if fds:
