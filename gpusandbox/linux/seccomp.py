@@ -76,6 +76,21 @@ def compile_profile(name_or_path, arch=None, cache=True):
     return prog
 
 
+def compile_document(doc, data, where, arch=None):
+    """Compile a profile already parsed (an OCI config's linux.seccomp, as
+    `create` gets it once per container), `data` its JSON text: through the
+    same per-user cache, one entry per `where`, compared byte for byte with
+    `data`; the parse and its syscall table are only paid on a miss."""
+    arch = arch or host_arch()
+    entry = _cache_entry(f"/{where}", arch, "doc-")
+    prog = _cache_load(entry, data, arch) if entry else None
+    if prog is None:
+        prog = assemble(parse(doc, arch, where), arch)
+        if entry:
+            _cache_store(entry, data, arch, prog)
+    return prog
+
+
 # --- programs shipped next to the profiles ----------------------------------------
 # The shipped profiles are compiled once, when they change, into
 # seccomp/<name>.<arch>.bpf (python -m gpusandbox.linux.seccomp --precompile),
@@ -190,13 +205,13 @@ def _context(arch):
     return f"{arch} {COMPILER_VERSION} {os.uname().release}".encode()
 
 
-def _cache_entry(path, arch):
+def _cache_entry(path, arch, prefix=""):
     import zlib
     d = cache_dir()
     if not _private_dir(d):
         return None
     tag = zlib.crc32(os.fsencode(os.path.abspath(path)))
-    return os.path.join(d, f"{tag:08x}-{arch}.bpf")
+    return os.path.join(d, f"{prefix}{tag:08x}-{arch}.bpf")
 
 
 def _cache_load(entry, data, arch):

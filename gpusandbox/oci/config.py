@@ -9,10 +9,11 @@ than ignored.  GPUs come from NVIDIA_VISIBLE_DEVICES in process.env; which
 driver root serves them is the caller's environment's choice
 (GPUSANDBOX_DRIVER_ROOT, GPUSANDBOX_DEV_ROOT), never the config's.
 """
-import json
 import os
 import stat
 
+# The json package's results without its import of re and enum (`create`).
+from .runtime import jsonlite as json
 from ..errors import UsageError
 from ..imageroot import container_path
 from ..spec import RunSpec
@@ -483,8 +484,11 @@ def apply(plan, x, over):
     plan.hostname = plan.spec.hostname or os.uname().nodename
     if over["seccomp"]:
         from ..linux import seccomp
-        plan.seccomp = seccomp.compile_bytes(json.dumps(over["seccomp"]).encode(),
-                                             seccomp.host_arch(), "linux.seccomp")
+        # The parsed document (compile_bytes would dump and parse it again,
+        # through the json package), its text only to find it in the cache.
+        plan.seccomp = seccomp.compile_document(over["seccomp"],
+                                                json.dumps(over["seccomp"]).encode(),
+                                                "linux.seccomp")
     points = [(mt.destination, mt.target_kind) for mt in x.mounts]
     from ..plan import OWN_FS
     plan.points += [(p, kd) for p, kd in points if not p.startswith(OWN_FS) and p != "/"]

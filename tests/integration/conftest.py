@@ -31,7 +31,7 @@ MODES = ["root", "rootless"]
 
 def _src_hash():
     h = hashlib.sha256()
-    for top in ("gpusandbox", "seccomp", "pyproject.toml"):
+    for top in ("gpusandbox", "seccomp", "bin", "pyproject.toml"):
         p = REPO / top
         files = [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file()
                                                 and "__pycache__" not in x.parts)

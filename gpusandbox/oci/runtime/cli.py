@@ -8,7 +8,6 @@ always a cgroup2 leaf under the caller's own cgroup, see docs/oci.md),
 `gpusandbox: error:` line and, with --log, appends one record there (JSON
 {"level","msg","time"} with --log-format json, which podman reads back).
 """
-import json
 import os
 import sys
 import time
@@ -38,7 +37,8 @@ class Log:
         if not self.path:
             return
         if self.fmt == "json":
-            line = json.dumps({"level": level, "msg": msg,
+            from .jsonlite import dumps
+            line = dumps({"level": level, "msg": msg,
                                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         else:
             line = f"{level}: {msg}"
@@ -152,7 +152,6 @@ def main(argv=None):
 
 
 def _dispatch(cmd, rest, root, log):
-    from . import ops
     if "--help" in rest or "-h" in rest:
         sys.stdout.write(USAGE)
         return 0
@@ -180,10 +179,13 @@ def _dispatch(cmd, rest, root, log):
                nfds, log, conf and os.path.abspath(conf))
         if cmd == "create":
             return 0
+        from . import ops
         ops.start(root, cid, log)
         if _truthy(opts, "--detach") or _truthy(opts, "-d"):
             return 0
         return _wait_and_delete(root, cid, log, keep=_truthy(opts, "--keep"))
+    # ops (json, select) only for the commands that use it: not `create`.
+    from . import ops
     if cmd == "start":
         return ops.start(root, _id(rest, cmd), log)
     if cmd == "state":

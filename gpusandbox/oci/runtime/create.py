@@ -12,7 +12,6 @@ differs is only what an OCI runtime must do differently:
 - a terminal's master goes to the caller's console socket.
 """
 import os
-import socket
 import time
 
 from ... import plan as planmod
@@ -53,6 +52,13 @@ def _rlimits(x):
     if x.oom_score_adj is not None:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write(str(x.oom_score_adj))
+
+
+def _import_socket():
+    """socket, whose import builds its enum classes, only for a terminal:
+    bound as this module's global for the uses below."""
+    global socket
+    import socket
 
 
 def _send_console(path, master):
@@ -103,6 +109,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
                                                 config_path)
         if x.terminal and not console:
             raise SandboxError("process.terminal is set but no --console-socket was given")
+        if x.terminal:
+            _import_socket()
         spec.best_effort = True
         plan = planmod.build(spec, over["plan_env"])
         ociconfig.apply(plan, x, over)

@@ -10,10 +10,10 @@ directory does not exist.  --root overrides it.
 The container's init is named by its pid and its start time (field 22 of
 /proc/PID/stat): a recycled pid never passes for the container.
 """
-import json
 import os
 
 from ...errors import SandboxError
+from . import jsonlite as json
 
 # Removed first on delete: the shell entry answers from it, else falls back.
 FILES = ("state.fast", "exec.fifo", "state.json")
@@ -79,7 +79,7 @@ def load(root, cid):
     d = container_dir(root, cid)
     try:
         with open(os.path.join(d, "state.json")) as f:
-            st = json.load(f)
+            st = json.loads(f.read())
     except (OSError, ValueError):
         raise NotFound(f"container \"{cid}\" does not exist") from None
     st["_dir"] = d
@@ -87,11 +87,12 @@ def load(root, cid):
 
 
 def _write(d, name, data):
+    # Renamed into place, so a reader sees the old or the new file whole.
+    # No fsync: the state names live processes, which a crash of the
+    # machine (the only thing that loses unsynced data) ends too.
     tmp = os.path.join(d, f".{name}.{os.getpid()}")
     with open(tmp, "w") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     os.rename(tmp, os.path.join(d, name))
 
 
@@ -110,8 +111,11 @@ def _fast(st):
     """state.fast, which bin/gpusandbox-oci answers `state` from without
     Python: a magic line, pid, start time and cgroup leaf, then the public
     object as one ASCII JSON line split around its status and pid (the only
-    values that change).  None (no file: the entry falls back to Python)
-    where a line would not survive the shell's `read`."""
+    values that change), then `plain` where `start` and `delete` of a
+    stopped container are no more than the entry does (no poststart or
+    poststop hook, no cgroup or a cgroup2 leaf), else `python`.  None (no
+    file: the entry falls back to Python) where a line would not survive
+    the shell's `read`."""
     pid, start, leaf = st.get("pid") or 0, st.get("start_time"), st.get("cgroup") or ""
     if not isinstance(pid, int) or pid <= 0 or not isinstance(start, int) \
             or not isinstance(leaf, str) or not leaf.isascii() or "\n" in leaf:
@@ -126,7 +130,11 @@ def _fast(st):
     if text[j:j + len(_MID) + len(p)] != _MID + p:
         return None
     head, tail = text[:i] + '"', text[j + len(_MID) + len(p):]
-    return f"gsbx-state-fast 1\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n"
+    hooks = st.get("hooks") or {}
+    plain = not hooks.get("poststart") and not hooks.get("poststop") \
+        and (not leaf or st.get("cgroup_version") == 2)
+    return (f"gsbx-state-fast 1\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n"
+            f"{'plain' if plain else 'python'}\n")
 
 
 def alive(st):
