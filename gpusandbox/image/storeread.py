@@ -19,6 +19,7 @@ import errno
 import os
 import stat
 
+from ..linux.sys import read_fd
 from . import (ImageError, looks_like_transport, parse_digest, parse_ref, store_name,
                validate_digest)
 
@@ -98,14 +99,7 @@ class StoreReader:
         (no buffered file object: a cached `run` reads two small files)."""
         fd = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         try:
-            chunks, left = [], limit
-            while left > 0:
-                b = os.read(fd, min(left, 1 << 16))
-                if not b:
-                    break
-                chunks.append(b)
-                left -= len(b)
-            return b"".join(chunks)
+            return read_fd(fd, limit, 1 << 16)
         finally:
             os.close(fd)
 

@@ -223,14 +223,7 @@ def read_in_root(root, path, limit=64 << 20,
         finally:
             os.close(pfd)
         try:
-            chunks, left = [], limit
-            while left > 0:
-                b = os.read(fd, min(left, 1 << 20))
-                if not b:
-                    break
-                chunks.append(b)
-                left -= len(b)
-            return b"".join(chunks)
+            return read_fd(fd, limit)
         finally:
             os.close(fd)
     finally:
@@ -349,16 +342,26 @@ def set_comm(name):
     prctl(PR_SET_NAME, ctypes.addressof(buf))
 
 
+def read_fd(fd, limit=None, chunk=1 << 20):
+    """The bytes of an open fd up to EOF or `limit` bytes (None: no limit),
+    in raw reads of at most `chunk` bytes, without io.open's buffering
+    layers (fstat + TCGETS + lseek per file)."""
+    chunks = []
+    while limit is None or limit > 0:
+        b = os.read(fd, chunk if limit is None else min(limit, chunk))
+        if not b:
+            break
+        chunks.append(b)
+        if limit is not None:
+            limit -= len(b)
+    return b"".join(chunks)
+
+
 def read_file(path):
-    """The bytes of a host file (trusted path), without io.open's buffering
-    layers (fstat + TCGETS + lseek per file): the launch reads a few dozen."""
+    """The bytes of a host file (trusted path), read raw: the launch reads
+    a few dozen."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while True:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                return b"".join(chunks)
-            chunks.append(b)
+        return read_fd(fd)
     finally:
         os.close(fd)
