@@ -189,6 +189,22 @@ def tree_fd(root):
     return os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), True
 
 
+def walk_fd(basefd, comps, step):
+    """The fd that step(fd, i, comp) returns for the last of `comps`, each
+    step opened from the fd of the one before it (basefd, dup'ed, for the
+    first).  Every fd but the last is closed, on failure too."""
+    fd = os.dup(basefd)
+    try:
+        for i, comp in enumerate(comps):
+            nfd = step(fd, i, comp)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_in_root(root, path, limit=64 << 20,
                  resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS):
     """Read a file of an untrusted tree (an image) from the host side.
