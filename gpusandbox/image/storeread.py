@@ -462,17 +462,26 @@ def prepare(spec):
     spec.image = st.bundle(dig) + "/rootfs"
     # The plan takes Env and WorkingDir from here rather than parsing the
     # bundle's config.json again (which says the same: both come from conf).
-    spec.image_env = (list(conf.env), conf.workdir or "/")
-    spec.argv = command(conf, spec.argv, spec.entrypoint)
-    if not spec.argv:
-        raise ImageError(f"no command to run in {ref.canonical()}",
-                         "the image has no Entrypoint or Cmd",
-                         "give one: gpusandbox run IMAGE CMD [ARG...]")
-    if conf.user and spec.user is None and not spec.fakeroot and \
-            conf.user not in ("0", "root", "0:0", "root:root"):
+    if apply_config(spec, conf, ref.canonical(), "IMAGE"):
         from .runimage import apply_user
         apply_user(spec, conf, spec.image_fd)
     st.touch(dig)
+
+
+def apply_config(spec, conf, image, usage):
+    """Env, WorkingDir and the command (Entrypoint/Cmd) of the image config
+    `conf` applied to spec; a run with no command is refused (`usage`: what
+    the hint shows for the image operand).  True when the image's User is
+    still to be applied: it is not root, and neither --user nor --fakeroot
+    was given."""
+    spec.image_env = (list(conf.env), conf.workdir or "/")
+    spec.argv = command(conf, spec.argv, spec.entrypoint)
+    if not spec.argv:
+        raise ImageError(f"no command to run in {image}",
+                         "the image has no Entrypoint or Cmd",
+                         f"give one: gpusandbox run {usage} CMD [ARG...]")
+    return bool(conf.user) and spec.user is None and not spec.fakeroot and \
+        conf.user not in ("0", "root", "0:0", "root:root")
 
 
 def run_config(st, dig):
