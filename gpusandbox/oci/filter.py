@@ -172,12 +172,8 @@ def main(argv):
 def cli():
     """The process entry (`-m gpusandbox.oci.filter`, and the `-S` entry
     that `hook install` writes: BOOT)."""
-    from gpusandbox.errors import SandboxError, message
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except SandboxError as e:
-        sys.stderr.write(message(e))
-        sys.exit(e.code)
+    from gpusandbox.errors import exit_main
+    exit_main(main, sys.argv[1:])
 
 
 # `python3 -I -S -c BOOT SITE`: the interpreter without site (its imports and
