@@ -469,17 +469,14 @@ def prepare(spec):
 
 
 def apply_config(spec, conf, image, usage):
-    """Env, WorkingDir and the command (Entrypoint/Cmd) of the image config
-    `conf` applied to spec; a run with no command is refused (`usage`: what
-    the hint shows for the image operand).  True when the image's User is
-    still to be applied: it is not root, and neither --user nor --fakeroot
-    was given."""
+    """Env, WorkingDir and Entrypoint/Cmd of `conf` applied to spec, a run
+    with no command refused; True when its (non-root) User is still to be
+    applied: neither --user nor --fakeroot was given."""
     spec.image_env = (list(conf.env), conf.workdir or "/")
     spec.argv = command(conf, spec.argv, spec.entrypoint)
     if not spec.argv:
-        raise ImageError(f"no command to run in {image}",
-                         "the image has no Entrypoint or Cmd",
-                         f"give one: gpusandbox run {usage} CMD [ARG...]")
+        raise ImageError(f"no command to run in {image}", "the image has no Entrypoint or "
+                         "Cmd", f"give one: gpusandbox run {usage} CMD [ARG...]")
     return bool(conf.user) and spec.user is None and not spec.fakeroot and \
         conf.user not in ("0", "root", "0:0", "root:root")
 
