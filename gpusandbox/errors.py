@@ -66,3 +66,20 @@ def message(err):
     if err.hint:
         msg += f"hint: {printable(err.hint)}\n"
     return msg
+
+
+def exit_main(main, argv, what=None):
+    """The end of a module run as a program: exit with main(argv)'s status;
+    a SandboxError is shown as `message` writes it and exits with its code;
+    with `what`, an OSError too, as `gpusandbox: error: WHAT: ...`, 125."""
+    import sys
+    try:
+        sys.exit(main(argv))
+    except SandboxError as e:
+        sys.stderr.write(message(e))
+        sys.exit(e.code)
+    except OSError as e:
+        if what is None:
+            raise
+        sys.stderr.write(f"gpusandbox: error: {what}: {e}\n")
+        sys.exit(EXIT_LAUNCHER)

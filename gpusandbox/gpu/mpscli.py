@@ -101,20 +101,25 @@ def _up(host, d, a):
     d.write_state(strict=a.strict, **state)
     out = {"gpu": d.gpu.index, "started": started, "strict": a.strict}
     if mib is not None:
-        d.command(f"set_default_device_pinned_mem_limit 0 {mib}M")
-        shown = d.command("get_default_device_pinned_mem_limit 0")
-        if not readback_ok(want_mib=mib, shown=shown):
-            raise GpuError(f"MPS memory limit on GPU {d.gpu.index}",
-                           f"set {mib}M, the daemon reads back {shown!r}")
-        out["memory"] = shown
+        out["memory"] = _set_default(
+            d, "MPS memory limit", f"{mib}M", "device_pinned_mem_limit 0",
+            lambda shown: readback_ok(want_mib=mib, shown=shown))
     if pct is not None:
-        d.command(f"set_default_active_thread_percentage {pct}")
-        shown = d.command("get_default_active_thread_percentage")
-        if not readback_ok(want_pct=pct, shown_pct=shown):
-            raise GpuError(f"MPS thread percentage on GPU {d.gpu.index}",
-                           f"set {pct}, the daemon reads back {shown!r}")
-        out["compute"] = shown
+        out["compute"] = _set_default(
+            d, "MPS thread percentage", pct, "active_thread_percentage",
+            lambda shown: readback_ok(want_pct=pct, shown_pct=shown))
     return out
+
+
+def _set_default(d, what, value, name, ok):
+    """Set the daemon's default `name` to `value` and read it back; the
+    value it shows, refused unless ok(shown)."""
+    d.command(f"set_default_{name} {value}")
+    shown = d.command(f"get_default_{name}")
+    if not ok(shown):
+        raise GpuError(f"{what} on GPU {d.gpu.index}",
+                       f"set {value}, the daemon reads back {shown!r}")
+    return shown
 
 
 def _down(host, d):

@@ -125,12 +125,7 @@ def _unpack_one(st, desc, diff_id, tmp, warn):
                 if got != diff_id:
                     raise ImageError(f"layer {desc['digest']} does not match the image "
                                      "config's diff_id", f"got {got}, config says {diff_id}")
-                fd = os.open("implied", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                             0o600, dir_fd=sfd)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(b"".join(p + b"\0" for p in sorted(implied)))
-                    st._publish_mode(f.fileno(), False)
-                    os.fsync(f.fileno())
+                st._write_new(sfd, "implied", b"".join(p + b"\0" for p in sorted(implied)))
                 st._publish_mode(sfd, True)
                 os.fsync(sfd)
             finally:

@@ -143,12 +143,7 @@ def _unpack(st, dig, man, conf, progress):
         for fname, data in (("image.json", json.dumps(rec).encode()), ("used", b""),
                             ("config.json", bundle_config(conf)),
                             (runrec.NAME, runrec.dump(man["config"]["digest"], conf))):
-            fd = os.open(fname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                         0o600, dir_fd=sfd)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                st._publish_mode(f.fileno(), False)
-                os.fsync(f.fileno())
+            st._write_new(sfd, fname, data)
         st._publish_mode(sfd, True)
         os.fsync(sfd)
         os.rename(tmp, st.image_dir(dig), src_dir_fd=st.fd, dst_dir_fd=st.fd)

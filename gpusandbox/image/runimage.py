@@ -38,13 +38,22 @@ def obtain(ref, all_stores, platform=None, opts=None, progress=None):
 def apply_user(spec, conf, rootfd):
     """The image's User where the sandbox can represent it: real root in
     the host user namespace (the --user path); elsewhere a note."""
-    from . import config as cfgmod
     if os.geteuid() == 0 and spec.userns in ("auto", "host"):
-        from ..linux import sys as k
-        spec.user = cfgmod.resolve_user(conf, rootfd,
-                                        lambda p, lim: k.read_in_root(rootfd, p, lim))
+        spec.user = resolve_user(conf, rootfd)
         spec.userns = "host"
         return
+    note_user(conf)
+
+
+def resolve_user(conf, rootfd):
+    """The image's User as uid, gid and groups, looked up in the image's
+    /etc/passwd and /etc/group, read inside the root `rootfd`."""
+    from ..linux import sys as k
+    from . import config as cfgmod
+    return cfgmod.resolve_user(conf, rootfd, lambda p, lim: k.read_in_root(rootfd, p, lim))
+
+
+def note_user(conf):
     sys.stderr.write(f"gpusandbox: note: the image's User {conf.user[:60]!r} is not applied "
                      "(rootless or in a user namespace); the command runs as you "
                      "(--root for uid 0)\n")

@@ -12,12 +12,12 @@ command (a CMD given replaces Cmd, --entrypoint replaces the entrypoint),
 WorkingDir the default -w, User where the sandbox can represent it (real
 root in the host user namespace), else a note.  A file without it (made by
 hand with mksquashfs) runs as before: /etc/environment, and a CMD needed."""
-import sys
-
 from ..linux import sys as k
 from . import config as cfgmod
 from . import manifest as mf
 from .digest import ImageError
+from .runimage import note_user, resolve_user
+from .storeread import apply_config
 
 CONFIG_DIR = "/.gpusandbox"
 CONFIG_PATH = CONFIG_DIR + "/config.json"
@@ -55,21 +55,11 @@ def apply(plan, image):
         return False
     platform = mf.parse_platform(spec.platform) if spec.platform else None
     cfgmod.check_platform(conf, platform or mf.host_platform(), platform is not None)
-    spec.image_env = (list(conf.env), conf.workdir or "/")
-    spec.argv = cfgmod.command(conf, spec.argv, spec.entrypoint)
-    if not spec.argv:
-        raise ImageError(f"no command to run in {image}",
-                         "the image has no Entrypoint or Cmd",
-                         "give one: gpusandbox run FILE.sqsh CMD [ARG...]")
-    if not conf.user or spec.user is not None or spec.fakeroot or \
-            conf.user in ("0", "root", "0:0", "root:root"):
+    if not apply_config(spec, conf, image, "FILE.sqsh"):
         return False
     if plan.userns == "host" and plan.real_root:
-        spec.user = cfgmod.resolve_user(conf, plan.rootfd,
-                                        lambda p, lim: k.read_in_root(plan.rootfd, p, lim))
+        spec.user = resolve_user(conf, plan.rootfd)
         return True
-    sys.stderr.write(f"gpusandbox: note: the image's User {conf.user[:60]!r} is not applied "
-                     "(rootless or in a user namespace); the command runs as you "
-                     "(--root for uid 0)\n")
+    note_user(conf)
     return False
 

@@ -28,15 +28,15 @@ import shutil
 import subprocess
 
 from ..errors import UsageError
+from ..spec import names_squashfs
 from .digest import ImageError
 
 MKSQUASHFS = "mksquashfs"
-SUFFIXES = (".sqsh", ".squashfs")
 
 
 def check_target(path):
     """Refuse an -o target before the pull does any work."""
-    if not path.endswith(SUFFIXES):
+    if not names_squashfs(path):
         raise UsageError(f"pull -o {path}", "the file name must end in .sqsh or .squashfs",
                          "gpusandbox run recognises a squashfs image by that suffix")
     parent = os.path.dirname(os.path.abspath(path))

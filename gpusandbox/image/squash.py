@@ -29,8 +29,8 @@ import stat
 
 from ..errors import UsageError
 from ..linux import sys as k
+from ..spec import names_squashfs
 
-SUFFIXES = (".sqsh", ".squashfs")
 MAGIC = b"hsqs"
 
 _LOOP_CTL_GET_FREE = 0x4C82
@@ -57,7 +57,7 @@ class _LoopConfig(ctypes.Structure):
 def is_squashfs_arg(image):
     """Whether IMAGE names a squashfs file: by its suffix, and not a directory
     (a rootfs directory that happens to be called x.sqsh stays one)."""
-    return image.endswith(SUFFIXES) and not os.path.isdir(image)
+    return names_squashfs(image) and not os.path.isdir(image)
 
 
 def open_file(image):

@@ -125,6 +125,17 @@ class Store(StoreReader):
         if self.shared:
             os.fchmod(fd, 0o755 if is_dir else 0o644)
 
+    def _write_new(self, dirfd, name, data):
+        """A new file `name` (O_EXCL) in dirfd holding `data`, in the mode
+        of published files, synced to disk."""
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
+                     dir_fd=dirfd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            self._publish_mode(fd, False)
+            f.flush()
+            os.fsync(fd)
+
     # -- locks and staging ------------------------------------------------
 
     def lock(self, name, shared=False):
@@ -285,14 +296,8 @@ class Store(StoreReader):
         import json
         data = json.dumps({"name": name, "digest": dig}).encode()
         tmp = self._staging_name("ref")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
-                     dir_fd=self.fd)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            self._publish_mode(fd, False)
-            f.flush()
-            os.fsync(f.fileno())
-            os.rename(tmp, "refs/" + escape(name), src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        self._write_new(self.fd, tmp, data)
+        os.rename(tmp, "refs/" + escape(name), src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
     def remove_ref(self, name):
         try:

@@ -19,6 +19,7 @@ import errno
 import os
 import stat
 
+from ..linux.sys import read_fd
 from . import (ImageError, looks_like_transport, parse_digest, parse_ref, store_name,
                validate_digest)
 
@@ -98,14 +99,7 @@ class StoreReader:
         (no buffered file object: a cached `run` reads two small files)."""
         fd = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
         try:
-            chunks, left = [], limit
-            while left > 0:
-                b = os.read(fd, min(left, 1 << 16))
-                if not b:
-                    break
-                chunks.append(b)
-                left -= len(b)
-            return b"".join(chunks)
+            return read_fd(fd, limit, 1 << 16)
         finally:
             os.close(fd)
 
@@ -468,17 +462,23 @@ def prepare(spec):
     spec.image = st.bundle(dig) + "/rootfs"
     # The plan takes Env and WorkingDir from here rather than parsing the
     # bundle's config.json again (which says the same: both come from conf).
-    spec.image_env = (list(conf.env), conf.workdir or "/")
-    spec.argv = command(conf, spec.argv, spec.entrypoint)
-    if not spec.argv:
-        raise ImageError(f"no command to run in {ref.canonical()}",
-                         "the image has no Entrypoint or Cmd",
-                         "give one: gpusandbox run IMAGE CMD [ARG...]")
-    if conf.user and spec.user is None and not spec.fakeroot and \
-            conf.user not in ("0", "root", "0:0", "root:root"):
+    if apply_config(spec, conf, ref.canonical(), "IMAGE"):
         from .runimage import apply_user
         apply_user(spec, conf, spec.image_fd)
     st.touch(dig)
+
+
+def apply_config(spec, conf, image, usage):
+    """Env, WorkingDir and Entrypoint/Cmd of `conf` applied to spec, a run
+    with no command refused; True when its (non-root) User is still to be
+    applied: neither --user nor --fakeroot was given."""
+    spec.image_env = (list(conf.env), conf.workdir or "/")
+    spec.argv = command(conf, spec.argv, spec.entrypoint)
+    if not spec.argv:
+        raise ImageError(f"no command to run in {image}", "the image has no Entrypoint or "
+                         "Cmd", f"give one: gpusandbox run {usage} CMD [ARG...]")
+    return bool(conf.user) and spec.user is None and not spec.fakeroot and \
+        conf.user not in ("0", "root", "0:0", "root:root")
 
 
 def run_config(st, dig):

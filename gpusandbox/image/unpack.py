@@ -170,26 +170,21 @@ class _Applier:
                 raise self._walk_error(comps, e) from None
             if not create:
                 return None
-        fd = os.dup(self.root)
-        try:
-            for i, c in enumerate(comps):
-                try:
-                    nfd = k.openat2(fd, c, k.O_PATH | os.O_DIRECTORY, 0, _RES)
-                except FileNotFoundError:
-                    # Parents the layer does not list: 0755, as docker makes them.
-                    os.mkdir(c, 0o700, dir_fd=fd)
-                    if self.record is not None:
-                        self._implied(b"/".join(comps[:i + 1]))
-                    nfd = k.openat2(fd, c, os.O_RDONLY | os.O_DIRECTORY, 0, _RES)
-                    os.fchmod(nfd, 0o755 | (0o700 if self.rootless else 0))
-                except OSError as e:
-                    raise self._walk_error(comps[:i + 1], e) from None
-                os.close(fd)
-                fd = nfd
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+
+        def step(fd, i, c):
+            try:
+                return k.openat2(fd, c, k.O_PATH | os.O_DIRECTORY, 0, _RES)
+            except FileNotFoundError:
+                # Parents the layer does not list: 0755, as docker makes them.
+                os.mkdir(c, 0o700, dir_fd=fd)
+                if self.record is not None:
+                    self._implied(b"/".join(comps[:i + 1]))
+                nfd = k.openat2(fd, c, os.O_RDONLY | os.O_DIRECTORY, 0, _RES)
+                os.fchmod(nfd, 0o755 | (0o700 if self.rootless else 0))
+                return nfd
+            except OSError as e:
+                raise self._walk_error(comps[:i + 1], e) from None
+        return k.walk_fd(self.root, comps, step)
 
     def _implied(self, path):
         self.record_bytes += len(path) + 64

@@ -104,33 +104,27 @@ def _walk_create(basefd, comps, modes_fd=None):
     path under `modes_fd` when given (the image)."""
     for comp in comps:
         _check_name(comp, "/" + "/".join(comps))
-    fd = os.dup(basefd)
-    try:
-        for i, comp in enumerate(comps):
-            mode = 0o755
-            if modes_fd is not None:
-                try:
-                    mode = stat.S_IMODE(os.lstat("/".join(comps[:i + 1]), dir_fd=modes_fd).st_mode)
-                except OSError:
-                    pass
+
+    def step(fd, i, comp):
+        mode = 0o755
+        if modes_fd is not None:
             try:
-                os.mkdir(comp, mode, dir_fd=fd)
-            except FileExistsError:
+                mode = stat.S_IMODE(os.lstat("/".join(comps[:i + 1]), dir_fd=modes_fd).st_mode)
+            except OSError:
                 pass
-            except OSError as e:
-                raise MountError(e.errno, f"cannot create /{'/'.join(comps[:i + 1])} in the "
-                                 f"root: {os.strerror(e.errno)}") from None
-            try:
-                nfd = _open(fd, comp, os.O_DIRECTORY, _RES_STRICT)
-            except OSError as e:
-                raise MountError(e.errno, f"/{'/'.join(comps[:i + 1])} changed while the "
-                                 "sandbox was being set up") from None
-            os.close(fd)
-            fd = nfd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        try:
+            os.mkdir(comp, mode, dir_fd=fd)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise MountError(e.errno, f"cannot create /{'/'.join(comps[:i + 1])} in the "
+                             f"root: {os.strerror(e.errno)}") from None
+        try:
+            return _open(fd, comp, os.O_DIRECTORY, _RES_STRICT)
+        except OSError as e:
+            raise MountError(e.errno, f"/{'/'.join(comps[:i + 1])} changed while the "
+                             "sandbox was being set up") from None
+    return k.walk_fd(basefd, comps, step)
 
 
 def attach(mntfd, targetfd, what):

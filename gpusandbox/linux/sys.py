@@ -189,6 +189,22 @@ def tree_fd(root):
     return os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), True
 
 
+def walk_fd(basefd, comps, step):
+    """The fd that step(fd, i, comp) returns for the last of `comps`, each
+    step opened from the fd of the one before it (basefd, dup'ed, for the
+    first).  Every fd but the last is closed, on failure too."""
+    fd = os.dup(basefd)
+    try:
+        for i, comp in enumerate(comps):
+            nfd = step(fd, i, comp)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_in_root(root, path, limit=64 << 20,
                  resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS):
     """Read a file of an untrusted tree (an image) from the host side.
@@ -223,14 +239,7 @@ def read_in_root(root, path, limit=64 << 20,
         finally:
             os.close(pfd)
         try:
-            chunks, left = [], limit
-            while left > 0:
-                b = os.read(fd, min(left, 1 << 20))
-                if not b:
-                    break
-                chunks.append(b)
-                left -= len(b)
-            return b"".join(chunks)
+            return read_fd(fd, limit)
         finally:
             os.close(fd)
     finally:
@@ -349,16 +358,26 @@ def set_comm(name):
     prctl(PR_SET_NAME, ctypes.addressof(buf))
 
 
+def read_fd(fd, limit=None, chunk=1 << 20):
+    """The bytes of an open fd up to EOF or `limit` bytes (None: no limit),
+    in raw reads of at most `chunk` bytes, without io.open's buffering
+    layers (fstat + TCGETS + lseek per file)."""
+    chunks = []
+    while limit is None or limit > 0:
+        b = os.read(fd, chunk if limit is None else min(limit, chunk))
+        if not b:
+            break
+        chunks.append(b)
+        if limit is not None:
+            limit -= len(b)
+    return b"".join(chunks)
+
+
 def read_file(path):
-    """The bytes of a host file (trusted path), without io.open's buffering
-    layers (fstat + TCGETS + lseek per file): the launch reads a few dozen."""
+    """The bytes of a host file (trusted path), read raw: the launch reads
+    a few dozen."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while True:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                return b"".join(chunks)
-            chunks.append(b)
+        return read_fd(fd)
     finally:
         os.close(fd)

@@ -22,7 +22,7 @@ import os
 import sys
 
 from gpusandbox.oci import configedit
-from gpusandbox.oci.memo import base_dir, own_dir as _own_dir
+from gpusandbox.oci.memo import base_dir, fresh_dir, own_dir as _own_dir
 
 GC_AGE = 24 * 3600
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
@@ -40,11 +40,15 @@ def _is_name(name):
         all(ch in _NAME_CHARS for ch in name[2:])
 
 
-def state_dir(environ):
+def state_dir(environ, fresh=True):
     """The caller's directory for generated files: /run/gpusandbox/oci as
     real root, /tmp/gpusandbox-<host uid>/oci otherwise (hooks get no
-    XDG_RUNTIME_DIR)."""
+    XDG_RUNTIME_DIR).  When that /tmp name is another user's (base_dir),
+    a fresh directory of this create's own (fresh_dir; None unless
+    `fresh`): the container's poststop hook removes it with its directory."""
     base, real_root = base_dir()
+    if base is None:
+        return fresh_dir() if fresh else None
     d = os.path.join(base, "oci")
     _own_dir(d, 0o755 if real_root else 0o700)
     return d
@@ -103,7 +107,9 @@ def remove(name):
         sys.stdin.buffer.read(1 << 20)    # the runtime's state; not needed
     except OSError:
         pass
-    _drop(state_dir(os.environ), name)
+    base = state_dir(os.environ, fresh=False)
+    if base is not None:        # else no directory of the caller's holds it
+        _drop(base, name)
     return 0
 
 
@@ -172,12 +178,8 @@ def main(argv):
 def cli():
     """The process entry (`-m gpusandbox.oci.filter`, and the `-S` entry
     that `hook install` writes: BOOT)."""
-    from gpusandbox.errors import SandboxError, message
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except SandboxError as e:
-        sys.stderr.write(message(e))
-        sys.exit(e.code)
+    from gpusandbox.errors import exit_main
+    exit_main(main, sys.argv[1:])
 
 
 # `python3 -I -S -c BOOT SITE`: the interpreter without site (its imports and

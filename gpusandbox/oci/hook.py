@@ -223,19 +223,10 @@ def install(argv):
     (`oci-filter`) instead of the hook."""
     import json
     from gpusandbox.errors import UsageError
+    from gpusandbox.oci.options import parse_options
     opts = {"--dir": "/etc/containers/oci/hooks.d", "--stage": "createRuntime",
             "--driver-root": None, "--dev-root": None}
-    it = iter(argv)
-    for a in it:
-        k, eq, v = a.partition("=")
-        if k not in opts:
-            raise UsageError(f"hook install {a}", "unknown option",
-                             hint="options: " + ", ".join(opts))
-        if not eq:
-            v = next(it, None)
-            if v is None:
-                raise UsageError(f"hook install {k}", "needs a value")
-        opts[k] = v
+    parse_options(argv, opts, "hook install", "options: " + ", ".join(opts))
     stage = opts["--stage"]
     if stage not in STAGES + ("precreate",):
         raise UsageError(f"hook install --stage {stage}", "unknown stage",
@@ -293,12 +284,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from gpusandbox.errors import SandboxError, message
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except SandboxError as e:
-        sys.stderr.write(message(e))
-        sys.exit(e.code)
-    except OSError as e:
-        sys.stderr.write(f"gpusandbox: error: hook: {e}\n")
-        sys.exit(125)
+    from gpusandbox.errors import exit_main
+    exit_main(main, sys.argv[1:], "hook")

@@ -95,13 +95,32 @@ def own_dir(d, mode):
 
 def base_dir():
     """/run/gpusandbox as real root, /tmp/gpusandbox-<host uid> otherwise
-    (hooks get no XDG_RUNTIME_DIR)."""
+    (hooks get no XDG_RUNTIME_DIR).  That name in /tmp is predictable: when
+    another user took it first (a directory of theirs, a link), or it went
+    away while being checked, the base is None: the caller goes on without
+    it, never fails over it and never uses what is there."""
     if real_root():
         os.makedirs("/run/gpusandbox", 0o755, exist_ok=True)
         return "/run/gpusandbox", True
     base = f"/tmp/gpusandbox-{host_uid()}"
-    own_dir(base, 0o700)
+    try:
+        own_dir(base, 0o700)
+    except Exception:       # UsageError: not the caller's; OSError: raced away
+        return None, False
     return base, False
+
+
+def fresh_dir():
+    """A new directory of the caller's in /tmp, 0700, under a name nobody
+    could guess (mkdir does not follow a link or take an existing entry)."""
+    for _ in range(8):
+        d = f"/tmp/gpusandbox-{host_uid()}.{os.urandom(8).hex()}"
+        try:
+            os.mkdir(d, 0o700)
+            return d
+        except FileExistsError:
+            continue
+    raise OSError(17, "cannot make a private directory in /tmp")
 
 
 # --- observations -----------------------------------------------------------
@@ -295,6 +314,8 @@ def directory():
     """The memo directory (made, checked), or None where there is none."""
     try:
         base, _ = base_dir()
+        if base is None:
+            return None
         d = os.path.join(base, "oci-memo")
         own_dir(d, 0o700)
         return d

@@ -12,6 +12,7 @@ import shutil
 import sys
 
 from gpusandbox.errors import UsageError
+from gpusandbox.oci.options import parse_options
 
 DEFAULTS = {"podman": "/etc/containers/containers.conf",
             "docker": "/etc/docker/daemon.json",
@@ -126,19 +127,8 @@ def wrapper_path():
 
 def configure(argv):
     opts = {"--runtime": None, "--config": None, "--name": "gpusandbox", "--path": None}
-    it = iter(argv)
-    for a in it:
-        k, eq, v = a.partition("=")
-        if k in ("-h", "--help"):
-            sys.stdout.write(USAGE)
-            return 0
-        if k not in opts:
-            raise UsageError(f"runtime configure {a}", "unknown option", hint=USAGE.strip())
-        if not eq:
-            v = next(it, None)
-            if v is None:
-                raise UsageError(f"runtime configure {k}", "needs a value")
-        opts[k] = v
+    if parse_options(argv, opts, "runtime configure", USAGE.strip(), usage=USAGE) is None:
+        return 0
     kind = opts["--runtime"]
     if kind not in DEFAULTS:
         raise UsageError(f"runtime configure --runtime {kind}", "unknown engine",
