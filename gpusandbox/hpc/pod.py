@@ -165,8 +165,12 @@ def _owned_dir(path, create=True):
     st = os.lstat(path)
     import stat
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        # Another user's entry in /tmp cannot be removed by this one: the
+        # way out is a runtime directory of the caller's own.
+        hint = f"remove {path} and run again" if st.st_uid == os.geteuid() else \
+            "set XDG_RUNTIME_DIR to a directory of your own (mode 0700) and run again"
         raise SandboxError(f"pod directory {path}", "not a directory of this user with mode "
-                           "0700", f"remove {path} and run again")
+                           "0700", hint)
     return path
 
 
