@@ -216,8 +216,9 @@ def held_fds(plan):
 
 def wait_start(plan, err_w, src, tty_slave=None):
     """Say READY to `create`, then block in open(2) of the exec fifo until
-    `start` opens its other end, and run the startContainer hooks.  `create` has gone by then, so the error
-    channel becomes the container's stderr (conmon's log) with text lines.
+    `start` opens its other end, and run the startContainer hooks.
+    `create` has gone by then, so the error channel becomes the container's
+    stderr (conmon's log) with text lines.
     With a terminal, the container's stdio is the pty from here on, as
     runc's init has it: the init must not keep `create`'s own stdout and
     stderr, which containerd's runc shim reads to EOF before it takes the
