@@ -143,3 +143,32 @@ def test_failing_create_runtime_hook_leaves_nothing(mode, hook_dir, rootfs, test
         path = line.split(":", 2)[2]
         if "gpusandbox-oci" in path:
             assert not glob.glob(f"/sys/fs/cgroup/*{path}") + glob.glob(f"/sys/fs/cgroup{path}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_failing_start_container_hook_fails_start(mode, hook_dir, rootfs, test_user):
+    """startContainer hooks run before the init answers `start`: a failing
+    one fails `start` itself (no workload), and the container is destroyed
+    with its poststop hooks run (runtime.md, Lifecycle)."""
+    b, log = _bundle(hook_dir, f"sfail-{mode}", mode, test_user, rootfs)
+    conf = json.loads((b / "config.json").read_text())
+    conf["process"]["args"] = ["sh", "-c", "echo workload ran"]
+    conf["hooks"]["startContainer"].append({"path": "/bin/sh",
+                                            "args": ["sh", "-c", "echo hook says no >&2; exit 4"]})
+    (b / "config.json").write_text(json.dumps(conf))
+    root = b / "state"
+    r = subprocess.run(_as(mode, test_user, [OCI, "--root", str(root), "run", "--bundle",
+                                             str(b), f"hs-{mode}"],
+                           {"PATH": "/usr/bin:/bin"}),
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                       cwd="/")
+    assert r.returncode == 1
+    assert "workload ran" not in r.stdout
+    # The init's error (on the container's stderr, here run's), then start's.
+    assert "startContainer hook /bin/sh: exit 4: hook says no" in r.stderr
+    assert r.stderr.endswith("gpusandbox: error: cannot start the container: its init exited "
+                             "before start: a startContainer hook failed or the init was "
+                             "killed\n"), r.stderr
+    assert [x["stage"] for x in _log(log)] == ["prestart", "createRuntime", "createContainer",
+                                               "startContainer", "poststop"]
+    assert os.listdir(root) == []
