@@ -278,7 +278,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
             from ..linux import idmap
             _, uin, uout, gin, gout = plan.idmap
             idmap.write_single("self", uin, uout, gin, gout, plan.real_root)
-        os.close(go_r)
+        if not ocisetup.runtime_hooks(plan.oci):
+            os.close(go_r)     # else kept for the hooks point
         # Not dumpable: the command cannot open /proc/1/exe, /proc/1/fd/* or
         # ptrace this process (CVE-2019-5736 class).  After the id maps, which
         # the launcher may write into /proc/<pid> of a still-dumpable child.
@@ -296,6 +297,10 @@ def run(plan, go_r, err_w, tty_sock, wait):
         if oci_src is not None:
             step = "mounting the OCI config's mounts"
             ocisetup.mounts(plan, rootfd, oci_src, lambda: sysmounts.sysfs(plan, rootfd, src, True))
+            if ocisetup.runtime_hooks(plan.oci):
+                step = "waiting for the prestart and createRuntime hooks"
+                ocisetup.hooks_point(plan, err_w, go_r)
+                os.close(go_r)
             step = "running the createContainer hooks"
             ocisetup.container_hooks(plan, "createContainer", oci_src, plan.oci.hook_state
                                      and plan.oci.hook_state["bundle"])
@@ -319,8 +324,6 @@ def run(plan, go_r, err_w, tty_sock, wait):
         if oci_src is not None:
             step = "waiting for start"
             err_w = ocisetup.wait_start(plan, err_w, oci_src, tty_slave)
-            step = "running the startContainer hooks"
-            ocisetup.container_hooks(plan, "startContainer", oci_src, "/")
         step = "starting the command"
         if oci_src is not None:
             # An OCI container's init becomes its workload (pid 1 of its pid

@@ -14,6 +14,9 @@ from . import channel
 # The channel record that tells `create` the container is set up and its
 # init now waits for `start` (code 0: not a failure).
 READY = f"0{channel.SEP}ready{channel.SEP}{channel.SEP}\n".encode()
+# The record that tells `create` the init waits at the hooks point
+# (hooks_point) for the config's prestart and createRuntime hooks.
+HOOKS = f"0{channel.SEP}hooks{channel.SEP}{channel.SEP}\n".encode()
 
 
 def open_sources(plan):
@@ -35,18 +38,47 @@ def open_sources(plan):
     return {"binds": binds, "fifo": fifo, "pid": pid}
 
 
+def runtime_hooks(oci):
+    """Whether the config has hooks `create` runs in the runtime's namespaces
+    while the init waits at the hooks point (hooks_point)."""
+    return bool(oci is not None and (oci.hooks.get("prestart") or oci.hooks.get("createRuntime")))
+
+
+def hooks_point(plan, err_w, go_r):
+    """The runtime-spec's point for the prestart and createRuntime hooks
+    (config.md, POSIX-platform hooks): the container's namespaces made, its
+    mounts done, before the pivot (runc's point too).  The init says HOOKS
+    to `create` and waits on the go pipe: "H" once the hooks have run; EOF
+    when `create` failed or died (it then kills this process anyway).
+    Unprivileged, the caller's hooks reach /proc/PID/root and /proc/PID/ns
+    only if this process is dumpable (a non-dumpable one needs CAP_SYS_PTRACE
+    over the namespace `create` ran in): it is, for the wait only, when no
+    other pid namespace's processes can see it (none joined)."""
+    look = not plan.real_root and not any(t == "pid" for t, _ in plan.oci.ns_join)
+    if look:
+        k.prctl(4, 1)   # PR_SET_DUMPABLE
+    os.write(err_w, HOOKS)
+    go = os.read(go_r, 1)
+    if look:
+        k.prctl(4, 0)
+    if go != b"H":
+        os._exit(125)
+
+
 def container_hooks(plan, stage, src, cwd=None):
-    """createContainer (after the mounts, before the pivot: the paths are the
-    runtime's, cwd the bundle) and startContainer hooks (after `start`, in
-    the container's root, before the workload): run by the init, in the
-    container's namespaces, with the OCI state on stdin (runtime-spec
-    config.md).  A failing one fails the container."""
+    """createContainer (after the mounts and the runtime's hooks, before the
+    pivot: the paths are the runtime's, cwd the bundle) and startContainer
+    hooks (after `start`, in the container's root, before the workload):
+    run by the init, in the container's namespaces, with the OCI state on
+    stdin (runtime-spec config.md; status creating, then created, as runc
+    has them).  A failing one fails the container."""
     hooks = plan.oci.hooks.get(stage) if plan.oci.hook_state else None
     if not hooks:
         return
     from ..oci.runtime import hooks as runner   # loaded by `create` before the clone
     from ..errors import SandboxError
-    state = dict(plan.oci.hook_state, pid=src["pid"])
+    state = dict(plan.oci.hook_state, pid=src["pid"],
+                 status="creating" if stage == "createContainer" else "created")
     try:
         runner.run(plan.oci.hooks, (stage,), state, None, cwd=cwd)
     except SandboxError as e:
@@ -184,8 +216,9 @@ def held_fds(plan):
 
 def wait_start(plan, err_w, src, tty_slave=None):
     """Say READY to `create`, then block in open(2) of the exec fifo until
-    `start` opens its other end.  `create` has gone by then, so the error
-    channel becomes the container's stderr (conmon's log) with text lines.
+    `start` opens its other end, and run the startContainer hooks.
+    `create` has gone by then, so the error channel becomes the container's
+    stderr (conmon's log) with text lines.
     With a terminal, the container's stdio is the pty from here on, as
     runc's init has it: the init must not keep `create`'s own stdout and
     stderr, which containerd's runc shim reads to EOF before it takes the
@@ -199,6 +232,9 @@ def wait_start(plan, err_w, src, tty_slave=None):
     channel.PLAIN.append(True)
     fifo = src["fifo"]
     fd = _open_for_start(fifo)
+    # The startContainer hooks before the byte `start` waits for: its
+    # poststart hooks then come after them, and a failing one fails `start`.
+    container_hooks(plan, "startContainer", src, "/")
     os.write(fd, b"0")
     os.close(fd)
     os.close(fifo)

@@ -72,14 +72,16 @@ def _send_console(path, master):
         s.close()
 
 
-def _wait_ready(err_r):
+def _wait_ready(err_r, record=READY):
+    """Until the init's `record` (READY, or HOOKS at the hooks point); an
+    error record or the init's end instead fails the create."""
     buf = b""
     while True:
         chunk = os.read(err_r, 4096)
         if not chunk:
             break
         buf += chunk
-        if buf.startswith(READY):
+        if buf.startswith(record):
             return
         if b"\n" in buf:
             break
@@ -160,6 +162,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
         v1_join = bool(cg.dirfd < 0 and cg.path)
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         pid, _, go_w, err_r = parent.spawn_init(plan, cg, tty, wait)
         child = pid
         parent._write_maps(plan, pid)
@@ -167,6 +170,18 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             cg.join(pid)
         if wait:
             os.write(go_w, b"G")
+        if x.hooks.get("createRuntime") or x.hooks.get("prestart"):
+            # The init waits at the hooks point (ocisetup.hooks_point): its
+            # namespaces and mounts made, before the pivot.  Before the
+            # terminal, which the init opens after the pivot.
+            from ...stages.ocisetup import HOOKS
+            from . import hooks     # subprocess: only when there are hooks to run
+            _wait_ready(err_r, HOOKS)
+            hooks.run(x.hooks, ("prestart", "createRuntime"), {
+                "ociVersion": "1.0.2", "id": cid, "status": "creating", "pid": pid,
+                "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs, "created": created,
+                "owner": "", "annotations": x.annotations}, log)
+            os.write(go_w, b"H")
         if tty:
             _, fds, _, _ = socket.recv_fds(tty[0], 1, 1)
             tty[0].close()
@@ -178,13 +193,10 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         os.close(go_w)
         st = {"id": cid, "pid": pid, "start_time": state.start_time(pid)[0],
               "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs,
-              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "created": created,
               "annotations": x.annotations, "cgroup": cg.path, "cgroup_version": cg.version,
               "hooks": x.hooks, "_dir": d}
         state.save(st)
-        if x.hooks.get("createRuntime") or x.hooks.get("prestart"):
-            from . import hooks     # subprocess: only when there are hooks to run
-            hooks.run(x.hooks, ("createRuntime", "prestart"), state.public(st), log)
         if pid_file:
             tmp = f"{pid_file}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:

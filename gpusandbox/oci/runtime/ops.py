@@ -75,6 +75,15 @@ def start(root, cid, log):
                 except BlockingIOError:
                     pass
             if pfd in ready:
+                if (st.get("hooks") or {}).get("startContainer"):
+                    # The init runs them before it answers, and a failing one
+                    # ends it (its error on the container's stderr): the
+                    # container is then destroyed and the poststop hooks run
+                    # (runtime-spec runtime.md, Lifecycle).
+                    delete(root, cid, True, log)
+                    raise SandboxError("cannot start the container",
+                                       "its init exited before start: a startContainer hook "
+                                       "failed or the init was killed")
                 raise SandboxError("cannot start a container that has stopped",
                                    "its init exited before start")
     finally:
