@@ -242,7 +242,8 @@ def list_cmd(root, fmt, quiet):
 def features():
     from .. import config as c
     doc = {"ociVersionMin": "1.0.0", "ociVersionMax": "1.1.0",
-           "hooks": ["prestart", "createRuntime", "poststart", "poststop"],
+           "hooks": ["prestart", "createRuntime", "createContainer", "startContainer",
+                     "poststart", "poststop"],
            "mountOptions": sorted(c.FLAG_OPTS),
            "linux": {"namespaces": sorted(c.NS_FLAGS),
                      "capabilities": ["CAP_" + n for n in c.CAPS],
