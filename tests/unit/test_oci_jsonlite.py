@@ -72,3 +72,27 @@ def test_create_loads_no_json_re_enum_or_socket():
                          text=True, cwd="/", check=True).stdout.split()
     assert "gpusandbox.oci.runtime.create" in out
     assert not {"json", "re", "enum", "socket", "selectors"} & set(out), out
+
+
+# What `create` may load from the standard library beyond the interpreter's
+# own start (-I -S): os, ctypes and what they pull in, struct, stat, errno,
+# _json.  Each further package is measured start-up cost on every container
+# (docs/bench.md): subprocess, signal, tempfile, shutil, dataclasses,
+# threading, selectors, json, re, enum, socket all stay off this path.
+CREATE_STDLIB = {"_collections_abc", "_ctypes", "_json", "_stat", "_struct", "ctypes",
+                 "ctypes._endian", "errno", "genericpath", "os", "os.path", "posixpath",
+                 "stat", "struct", "types"}
+
+
+def test_create_loads_only_the_stdlib_it_needs():
+    code = ("import sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            "before = set(sys.modules)\n"
+            "from gpusandbox.oci.runtime.cli import main\n"
+            "from gpusandbox.oci.runtime import create, state\n"
+            "from gpusandbox.oci import config\n"
+            "print(' '.join(sorted(set(sys.modules) - before)))\n")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                         text=True, cwd="/", check=True).stdout.split()
+    extra = {m for m in out if m.split(".")[0] != "gpusandbox"} - CREATE_STDLIB
+    assert not extra, sorted(extra)
