@@ -20,7 +20,7 @@ import pytest
 
 from .conftest import BASE
 from .oci_fixtures import PYTHON, make_rootfs
-from .test_oci_memo import FILTER, HEAVY, SITE
+from .test_oci_memo import FILTER, HEAVY, _site
 
 SQUATTER = 54321
 # Run as root in the new mount namespace: a fresh /tmp (and /run, where
@@ -88,7 +88,7 @@ def sim_host(cli, test_user):
 def _run(mode, how, base, root, user):
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "--", PYTHON, "-I", "-c",
                         HARNESS, mode, str(user.pw_uid), str(user.pw_gid), how, base, root,
-                        PYTHON, SITE, FILTER], capture_output=True, text=True, timeout=300)
+                        PYTHON, _site(), FILTER], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.splitlines()[-1])
 
