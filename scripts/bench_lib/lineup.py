@@ -120,9 +120,17 @@ def launchers(b, log):
                         row.skip(why or f"no {label} runtime"))
     crun = b.peers["crun"][0]
     for mode in () if b.a.no_oci else ("rootless", "root"):   # issue 12
+        # A store (and so a rootless pause process) of their own: rootless
+        # podman joins its pause process's mount namespace, and the one the
+        # rows above started has the host's /dev, not the private /dev with
+        # the simulated nodes these rows run in.
+        store = os.path.join(b.tmp, f"podman-gpu-{mode}")
+        os.makedirs(store, mode=0o700)
+        if mode == "rootless":
+            os.chown(store, uid, gid)
+            b.podman_pidfiles.append(os.path.join(store, "tmp", "pause.pid"))
         rows += ocimod.rows(b.gsbx, b.gsbx_py, b.sim, b.peer_image, b.tmp,
-                            mode, os.path.join(b.tmp, f"podman-{mode}"), path, crun,
-                            view, b.envs[mode], note=view_note)
+                            mode, store, path, crun, view, b.envs[mode], note=view_note)
     if not b.a.no_oci:
         rows += ocimod.passthrough_rows(b.gsbx, crun,
                                         os.path.join(b.tmp, "state-list"))
