@@ -53,20 +53,29 @@ def _int(obj, key, where, lo, hi):
     return v
 
 
+def _named_and_flags(obj, where, key, names, flag_names, missing, what, flag_what):
+    """(obj[key], one of `names`; the OR of obj's "flags", each one of
+    `flag_names`), refused in crun's words."""
+    if not isinstance(obj, dict):
+        raise _bad(where, "not an object")
+    name = obj.get(key)
+    if not name:
+        raise _bad(where, missing)
+    if name not in names:
+        raise _bad(where, f"invalid {what} `{name}`")
+    flags = 0
+    for f in obj.get("flags") or []:
+        if f not in flag_names:
+            raise _bad(where, f"invalid {flag_what} `{f}`")
+        flags |= flag_names[f]
+    return name, flags
+
+
 def _scheduler(s):
     where = "process.scheduler"
-    if not isinstance(s, dict):
-        raise _bad(where, "not an object")
-    name = s.get("policy")
-    if not name:
-        raise _bad(where, "scheduler policy not defined")
-    if name not in SCHED_POLICIES:
-        raise _bad(where, f"invalid scheduler `{name}`")
-    flags = 0
-    for f in s.get("flags") or []:
-        if f not in SCHED_FLAGS:
-            raise _bad(where, f"invalid scheduler option `{f}`")
-        flags |= SCHED_FLAGS[f]
+    name, flags = _named_and_flags(s, where, "policy", SCHED_POLICIES, SCHED_FLAGS,
+                                   "scheduler policy not defined", "scheduler",
+                                   "scheduler option")
     nice = _int(s, "nice", where, -20, 19) or 0
     prio = _int(s, "priority", where, 0, 99) or 0
     times = [_int(s, k, where, 0, U64) for k in ("runtime", "deadline", "period")]
@@ -128,18 +137,8 @@ def cpu_list(text, where):
 
 def _mempolicy(p):
     where = "linux.memoryPolicy"
-    if not isinstance(p, dict):
-        raise _bad(where, "not an object")
-    mode = p.get("mode")
-    if not mode:
-        raise _bad(where, "mode is required")
-    if mode not in MPOL_MODES:
-        raise _bad(where, f"invalid memory policy mode `{mode}`")
-    flags = 0
-    for f in p.get("flags") or []:
-        if f not in MPOL_FLAGS:
-            raise _bad(where, f"invalid memory policy flag `{f}`")
-        flags |= MPOL_FLAGS[f]
+    mode, flags = _named_and_flags(p, where, "mode", MPOL_MODES, MPOL_FLAGS, "mode is required",
+                                   "memory policy mode", "memory policy flag")
     nodes = p.get("nodes")
     nodeset = cpu_list(nodes, where + ".nodes") if nodes not in (None, "") else frozenset()
     return (MPOL_MODES[mode], flags, nodeset)
