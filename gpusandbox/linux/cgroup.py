@@ -97,12 +97,19 @@ class CgroupHandle:
         use_kill_file = self.version == 2 and os.path.exists(killer)
         if use_kill_file:
             _write(killer, "1")    # SIGKILL to the whole subtree at once (5.14+)
-        deadline = time.monotonic() + wait
+        start = time.monotonic()
+        deadline, thawed = start + wait, False
         while _populated(path):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 return False
             if not use_kill_file:
                 _kill_listed(path)
+            if not thawed and now > start + 0.05:
+                # Still there after the kill had time to work: a member
+                # frozen by a v1 freezer sleeps through SIGKILL.
+                thawed = True
+                _thaw_v1(path)
             time.sleep(0.005)
         return True
 
@@ -185,6 +192,37 @@ def _kill_listed(path):
                 pass
             finally:
                 os.close(fd)
+
+
+def _thaw_v1(path, proc="/proc"):
+    """Members of the leaf that a cgroup v1 freezer holds (a hybrid or v1
+    host, frozen by whoever owns that freezer cgroup) sleep through SIGKILL
+    until thawed.  Moving them into the freezer hierarchy's root thaws them
+    (the kernel makes a task conform to the state of the cgroup it joins)
+    without thawing that cgroup's other tasks; their pending SIGKILL then
+    ends them.  Needs write access to the root (real root); otherwise they
+    stay, and teardown reports the leaf as left."""
+    try:
+        root = _v1_mounts(_mounts(proc)).get("freezer")
+    except OSError:
+        return
+    if root is None:
+        return
+    for top, _, _ in os.walk(path):
+        for p in _words(f"{top}/cgroup.procs"):
+            try:
+                with open(f"{proc}/{p}/cgroup") as f:
+                    frozen_in = [ln.split(":", 2)[2] for ln in f.read().splitlines()
+                                 if "freezer" in ln.split(":", 2)[1].split(",")]
+                if not frozen_in or frozen_in[0] == "/" or ".." in frozen_in[0]:
+                    continue
+                with open(f"{root}{frozen_in[0]}/freezer.state") as f:
+                    if f.read().strip() == "THAWED":
+                        continue
+                # A frozen task cannot exit, so the pid still names it here.
+                _write(f"{root}/cgroup.procs", p)
+            except (OSError, IndexError):
+                pass
 
 
 def _kill_pid(pid):
