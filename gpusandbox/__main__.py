@@ -34,6 +34,26 @@ commands:
 """
 
 
+# The other subcommands: (module, function), imported only when called.
+_COMMANDS = {
+    "info": ("gpusandbox.gpu.report", "main_info"),
+    "list": ("gpusandbox.gpu.report", "main_list"),
+    "doctor": ("gpusandbox.doctor", "main"),
+    "cdi": ("gpusandbox.oci.cdi.cli", "main"),
+    "sim": ("gpusandbox.sim.cli", "main"),
+    "hook": ("gpusandbox.oci.hook", "main"),
+    "oci-filter": ("gpusandbox.oci.filter", "main"),
+    "runtime": ("gpusandbox.oci.runtimeconf", "main"),
+    "mps": ("gpusandbox.gpu.mpscli", "main"),
+    "slurm-oci": ("gpusandbox.hpc.slurmoci", "main"),
+    "pull": ("gpusandbox.image.cli", "main_pull"),
+    "images": ("gpusandbox.image.cli", "main_images"),
+    "rmi": ("gpusandbox.image.cli", "main_rmi"),
+    "prune": ("gpusandbox.image.cli", "main_prune"),
+    "inspect": ("gpusandbox.image.cli", "main_inspect"),
+}
+
+
 def _report_cmd(modname, func, argv):
     import importlib
     from .errors import SandboxError, message
@@ -61,28 +81,8 @@ def main(argv=None):
         sys.stderr.flush()
         import os
         os._exit(code)
-    if cmd == "info":
-        return _report_cmd("gpusandbox.gpu.report", "main_info", rest)
-    if cmd == "list":
-        return _report_cmd("gpusandbox.gpu.report", "main_list", rest)
-    if cmd == "doctor":
-        return _report_cmd("gpusandbox.doctor", "main", rest)
-    if cmd == "cdi":
-        return _report_cmd("gpusandbox.oci.cdi.cli", "main", rest)
-    if cmd == "sim":
-        return _report_cmd("gpusandbox.sim.cli", "main", rest)
-    if cmd == "hook":
-        return _report_cmd("gpusandbox.oci.hook", "main", rest)
-    if cmd == "oci-filter":
-        return _report_cmd("gpusandbox.oci.filter", "main", rest)
-    if cmd == "runtime":
-        return _report_cmd("gpusandbox.oci.runtimeconf", "main", rest)
-    if cmd == "mps":
-        return _report_cmd("gpusandbox.gpu.mpscli", "main", rest)
-    if cmd == "slurm-oci":
-        return _report_cmd("gpusandbox.hpc.slurmoci", "main", rest)
-    if cmd in ("pull", "images", "rmi", "prune", "inspect"):
-        return _report_cmd("gpusandbox.image.cli", "main_" + cmd, rest)
+    if cmd in _COMMANDS:
+        return _report_cmd(*_COMMANDS[cmd], rest)
     if cmd == "oci":
         from .oci.runtime.cli import main as oci_main
         return oci_main(rest)
