@@ -13,7 +13,7 @@ import os
 import stat
 
 # The json package's results without its import of re and enum (`create`).
-from .runtime import jsonlite as json
+from . import fastjson as json
 from ..errors import UsageError
 from ..imageroot import container_path
 from ..spec import RunSpec

@@ -6,7 +6,8 @@ modules compile half a dozen regular expressions (and import re, enum and
 functools) at import time.  The C scanner and encoder are the same code
 json.loads and json.dumps run; dumps() here gives exactly json.dumps(obj)'s
 bytes (ASCII, default separators), loads() accepts what json.loads does
-for a document (NaN/Infinity included, duplicate keys: the last wins).
+for a document (NaN/Infinity included, duplicate keys: the last wins) and
+fails as it does.  Used by the wrapper, the filter and the OCI runtime.
 """
 import _json
 
@@ -32,19 +33,25 @@ _scan = _json.make_scanner(_Ctx())
 
 
 def loads(data):
-    """The document in `data` (bytes, UTF-8, or str); ValueError when it is
-    not one JSON value with only whitespace around it."""
-    s = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
-    if s.startswith("\ufeff"):
-        raise ValueError("unexpected UTF-8 BOM")
-    i = len(s) - len(s.lstrip(_WS))
+    """json.loads(data) for a document (bytes, UTF-8, or str): the same
+    result, and on bad input the same ValueError, since whatever the scanner
+    here does not take (a byte-order mark, UTF-16, a syntax error, nesting
+    too deep) is handed to the json package itself."""
     try:
-        obj, end = _scan(s, i)
-    except StopIteration as e:
-        raise ValueError(f"expecting value at char {e.value}") from None
-    if s[end:].strip(_WS):
-        raise ValueError(f"extra data at char {end}")
-    return obj
+        s = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        if s.startswith("\ufeff"):
+            raise ValueError("unexpected UTF-8 BOM")
+        i = len(s) - len(s.lstrip(_WS))
+        try:
+            obj, end = _scan(s, i)
+        except StopIteration as e:
+            raise ValueError(f"expecting value at char {e.value}") from None
+        if s[end:].strip(_WS):
+            raise ValueError(f"extra data at char {end}")
+        return obj
+    except (ValueError, RecursionError):
+        import json
+        return json.loads(data)
 
 
 def _default(o):

@@ -5,7 +5,7 @@ one a fresh compile gives."""
 import pytest
 
 from gpusandbox.linux import seccomp
-from gpusandbox.oci.runtime import jsonlite
+from gpusandbox.oci import fastjson
 
 from .test_seccomp import ALLOW, EPERM, _profile, check
 
@@ -17,7 +17,7 @@ def cache_home(tmp_path, monkeypatch):
 
 
 def _compile(doc):
-    return seccomp.compile_document(doc, jsonlite.dumps(doc).encode(), "linux.seccomp",
+    return seccomp.compile_document(doc, fastjson.dumps(doc).encode(), "linux.seccomp",
                                     "x86_64")
 
 

@@ -37,7 +37,7 @@ class Log:
         if not self.path:
             return
         if self.fmt == "json":
-            from .jsonlite import dumps
+            from ..fastjson import dumps
             line = dumps({"level": level, "msg": msg,
                                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         else:

@@ -13,7 +13,7 @@ The container's init is named by its pid and its start time (field 22 of
 import os
 
 from ...errors import SandboxError
-from . import jsonlite as json
+from .. import fastjson as json
 
 # Removed first on delete: the shell entry answers from it, else falls back.
 FILES = ("state.fast", "exec.fifo", "state.json")

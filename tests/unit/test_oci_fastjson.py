@@ -1,6 +1,6 @@
 """The OCI runtime's `create` reads config.json and writes its state
 without importing the json package (whose re and enum imports cost more
-than the rest of the parse): jsonlite gives json.loads' results and errors
+than the rest of the parse): fastjson gives json.loads' results and errors
 and json.dumps' text, and the modules `create` loads include none of json,
 re, enum or socket."""
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusandbox.oci.runtime import jsonlite
+from gpusandbox.oci import fastjson
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,15 +38,15 @@ def _outcome(fn, arg):
 @pytest.mark.parametrize("doc", DOCS)
 def test_loads_and_dumps_as_json(doc):
     want = json.loads(doc)
-    got = jsonlite.loads(doc)
+    got = fastjson.loads(doc)
     assert repr(got) == repr(want)
-    assert repr(jsonlite.loads(doc.encode())) == repr(json.loads(doc.encode()))
-    assert jsonlite.dumps(want) == json.dumps(want)
+    assert repr(fastjson.loads(doc.encode())) == repr(json.loads(doc.encode()))
+    assert fastjson.dumps(want) == json.dumps(want)
 
 
 @pytest.mark.parametrize("bad", BAD, ids=range(len(BAD)))
 def test_errors_as_json(bad):
-    assert _outcome(jsonlite.loads, bad) == _outcome(json.loads, bad)
+    assert _outcome(fastjson.loads, bad) == _outcome(json.loads, bad)
 
 
 def test_dumps_refusals_as_json():
@@ -54,9 +54,9 @@ def test_dumps_refusals_as_json():
     loop["self"] = loop
     for obj in (loop, {"s": {1, 2}}, {(1, 2): 3}):
         # The same refusal (its words are fastjson's).
-        assert _outcome(jsonlite.dumps, obj)[0] == _outcome(json.dumps, obj)[0] != "ok"
+        assert _outcome(fastjson.dumps, obj)[0] == _outcome(json.dumps, obj)[0] != "ok"
     obj = {1: (1, 2), "f": [math.inf, -math.inf, 0.1], "n": None, "u": "\u00e9\n\x00"}
-    assert jsonlite.dumps(obj) == json.dumps(obj)
+    assert fastjson.dumps(obj) == json.dumps(obj)
 
 
 def test_create_loads_no_json_re_enum_or_socket():
