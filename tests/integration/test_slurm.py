@@ -272,7 +272,11 @@ def test_srun_interrupt_tears_the_sandbox_down(tb, rootfs, tmp_path):
     while not (tmp_path / "ready").exists():
         assert time.monotonic() < end and p.poll() is None, p.stderr.read() if p.poll() else ""
         time.sleep(0.05)
-    sleeps = _pids_with_cmdline(b"sleep\x00" + dur.encode() + b"\x00")
+    # "ready" is written before the shell execs sleep: wait for the sleep itself.
+    end = time.monotonic() + 10
+    while not (sleeps := _pids_with_cmdline(b"sleep\x00" + dur.encode() + b"\x00")):
+        assert time.monotonic() < end and p.poll() is None, "the sandbox's sleep never started"
+        time.sleep(0.02)
     p.send_signal(signal.SIGINT)
     time.sleep(0.2)
     p.send_signal(signal.SIGINT)
