@@ -26,6 +26,7 @@ BASE = Path(os.environ.get("GSBX_TEST_BASE", "/opt/gpusandbox-test"))
 VENV = BASE / "venv"
 CLI = str(VENV / "bin" / "gpusandbox")
 TEST_USER = "gsbxtest"
+ATTACK_USER = "gsbxatk"      # the second user: tests/integration/crossuser.py
 MODES = ["root", "rootless"]
 
 
@@ -85,13 +86,13 @@ def _enable_test_hooks():
 MISSING_ACCOUNTS = "run scripts/test-users as root first (scripts/test does)"
 
 
-def _ensure_user():
+def _ensure_user(name=TEST_USER):
     """Looked up only: scripts/test-users makes the account once before pytest
     starts, because workers creating it on their own raced each other."""
     try:
-        return pwd.getpwnam(TEST_USER)
+        return pwd.getpwnam(name)
     except KeyError:
-        pytest.fail(f"test user {TEST_USER} does not exist: {MISSING_ACCOUNTS}", pytrace=False)
+        pytest.fail(f"test user {name} does not exist: {MISSING_ACCOUNTS}", pytrace=False)
 
 
 def subid_range(user, path):
@@ -211,6 +212,17 @@ def root_runner(cli, test_user):
 @pytest.fixture
 def rootless_runner(cli, test_user):
     return Runner(cli, "rootless", test_user)
+
+
+@pytest.fixture(scope="session")
+def attack_user():
+    return _ensure_user(ATTACK_USER)
+
+
+@pytest.fixture
+def attacker(cli, attack_user):
+    """The CLI as the second unprivileged user (another account on the node)."""
+    return Runner(cli, "rootless", attack_user)
 
 
 def tree_checksum(root):
