@@ -1,8 +1,10 @@
 """MPS control daemons: one per user per GPU, started, queried and stopped.
 
 Layout (per user; root uses a system directory):
-    root:     /run/gpusandbox/mps/<gpu>/{pipe,log,shm,state.json}
-    rootless: $XDG_RUNTIME_DIR/gpusandbox/mps/<gpu>/...   (else /tmp/gpusandbox-<uid>/mps)
+    BASE/mps/<gpu>/{pipe,log,shm,state.json}
+where BASE is the caller's base directory (gpusandbox/rundir.py: root
+/run/gpusandbox; others $XDG_RUNTIME_DIR/gpusandbox, /run/user/<uid>/gpusandbox
+or /tmp/gpusandbox-<uid>).
 <gpu> is "gpu-" and the first 8 hex digits of the GPU's UUID: one daemon per
 GPU, because a fatal fault in one client reaches every client of its server.
 
@@ -32,16 +34,12 @@ def gpu_key(gpu):
     return f"gpu-{uuid[:8]}" if uuid else f"gpu-index{gpu.index}"
 
 
-def base_dir(environ=None):
-    """The per-user directory that holds the daemons' directories."""
-    environ = os.environ if environ is None else environ
-    uid = os.geteuid()
-    if uid == 0:
-        return "/run/gpusandbox/mps"
-    run = environ.get("XDG_RUNTIME_DIR") or ""
-    if run.startswith("/") and _owned_private(run, uid):
-        return os.path.join(run, "gpusandbox", "mps")
-    return f"/tmp/gpusandbox-{uid}/mps"
+def base_dir(environ=None, make=False):
+    """The per-user directory that holds the daemons' directories: the part
+    "mps" of the caller's base directory (gpusandbox/rundir.py), made and
+    checked when `make`."""
+    from gpusandbox import rundir
+    return rundir.part("mps", environ) if make else rundir.locate("mps", environ)
 
 
 def _owned_private(path, uid):
@@ -53,41 +51,15 @@ def _owned_private(path, uid):
     return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
 
 
-def _make_private(path, private_from):
-    """Create path and its missing parents; the components from private_from
-    on are 0700.  Every existing component must belong to root or the caller
-    and be writable by no one else (sticky directories such as /tmp aside):
-    a directory another user controls could swap what lies below it."""
-    import stat
-    uid = os.geteuid()
-    parts = path.rstrip("/").split("/")
-    for i in range(2, len(parts) + 1):
-        p = "/".join(parts[:i])
-        try:
-            os.mkdir(p, 0o700 if len(p) >= len(private_from) else 0o755)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            raise GpuError(f"MPS directory {p}", f"cannot create it: {e.strerror}",
-                           hint="set XDG_RUNTIME_DIR to your own runtime directory") from None
-        st = os.lstat(p)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid) or \
-                (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-            raise GpuError(f"MPS directory {p}", "not a directory of root or uid "
-                           f"{uid} that only they can write",
-                           hint="remove it, or set XDG_RUNTIME_DIR to your own runtime directory")
-    if not _owned_private(path, uid):
-        raise GpuError(f"MPS directory {path}", f"not a directory private to uid {uid} "
-                       "(another user made it, or it is open to others)",
-                       hint="remove it, or set XDG_RUNTIME_DIR to your own runtime directory")
-
-
 class Daemon:
     """Where one GPU's daemon lives, and whether it runs."""
 
     def __init__(self, host, gpu, environ=None):
-        self.host, self.gpu = host, gpu
-        self.dir = os.path.join(base_dir(environ), gpu_key(gpu))
+        self.host, self.gpu, self.environ = host, gpu, environ
+        self._at(base_dir(environ))
+
+    def _at(self, base):
+        self.dir = os.path.join(base, gpu_key(self.gpu))
         self.pipe = os.path.join(self.dir, "pipe")
         self.log = os.path.join(self.dir, "log")
         self.shm = os.path.join(self.dir, "shm")
@@ -140,9 +112,11 @@ class Daemon:
 
     def start(self):
         """Start the daemon unless it runs; returns True when it started it."""
+        from gpusandbox import rundir
+        self._at(base_dir(self.environ, make=True))
         self.check_paths()
         exe = self.binary()
-        _make_private(self.dir, os.path.dirname(self.dir))
+        rundir.subdir(os.path.dirname(self.dir), os.path.basename(self.dir))
         import fcntl
         lock = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:

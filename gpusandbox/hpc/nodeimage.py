@@ -41,8 +41,7 @@ import time
 from ..errors import UsageError
 from ..linux import sys as k
 
-DIR = "/run/gpusandbox/nodeimage"
-_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR = "/run/gpusandbox/nodeimage"      # rundir.ROOT_BASE + "/nodeimage": for messages
 _FILE = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 KEEPER_NAME = "gsbx-nodeimage"
 
@@ -65,30 +64,14 @@ def key_of(st):
 
 
 def _open_dir():
-    """fd of DIR, made if missing: every component a real directory owned by root,
-    the last one mode 0700."""
-    fd = os.open("/", _NOFOLLOW_DIR)
+    """fd of DIR, the part "nodeimage" of root's base directory
+    (gpusandbox/rundir.py: made if missing, root's, 0700)."""
+    from .. import rundir
     try:
-        for name, mode in (("run", 0o755), ("gpusandbox", 0o755), ("nodeimage", 0o700)):
-            try:
-                os.mkdir(name, mode, dir_fd=fd)
-            except FileExistsError:
-                pass
-            nfd = os.open(name, _NOFOLLOW_DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-            st = os.fstat(fd)
-            if st.st_uid != 0 or st.st_mode & 0o022:
-                raise UsageError(f"cannot share squashfs mounts in {DIR}",
-                                 f"{name} is not root's or is writable by others",
-                                 f"remove {DIR} or set GPUSANDBOX_NODE_IMAGE=0")
-        if os.fstat(fd).st_mode & 0o077:
-            raise UsageError(f"cannot share squashfs mounts in {DIR}", "its mode is not 0700",
-                             f"chmod 0700 {DIR} or set GPUSANDBOX_NODE_IMAGE=0")
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+        return rundir.open_part("nodeimage")[0]
+    except UsageError as e:
+        raise UsageError(f"cannot share squashfs mounts in {DIR}", e.line(),
+                         f"{e.hint}, or set GPUSANDBOX_NODE_IMAGE=0") from None
 
 
 def _open_current(dfd, name):

@@ -175,18 +175,9 @@ def _owned_dir(path, create=True):
 
 
 def runtime_dir(env):
-    uid = os.geteuid()
-    if uid == 0:
-        base = "/run/gpusandbox"
-    else:
-        xdg = env.get("XDG_RUNTIME_DIR") or ""
-        try:
-            ok = xdg.startswith("/") and os.stat(xdg).st_uid == uid
-        except OSError:
-            ok = False
-        base = xdg + "/gpusandbox" if ok else f"/tmp/gpusandbox-{uid}"
-    _owned_dir(base)
-    return _owned_dir(base + "/pods")
+    """The caller's "pods" directory (gpusandbox/rundir.py)."""
+    from .. import rundir
+    return rundir.part("pods", env)
 
 
 class Member:

@@ -22,7 +22,7 @@ import os
 import sys
 
 from gpusandbox.oci import configedit
-from gpusandbox.oci.memo import base_dir, fresh_dir, own_dir as _own_dir
+from gpusandbox import rundir
 
 GC_AGE = 24 * 3600
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
@@ -41,17 +41,18 @@ def _is_name(name):
 
 
 def state_dir(environ, fresh=True):
-    """The caller's directory for generated files: /run/gpusandbox/oci as
-    real root, /tmp/gpusandbox-<host uid>/oci otherwise (hooks get no
-    XDG_RUNTIME_DIR).  When that /tmp name is another user's (base_dir),
-    a fresh directory of this create's own (fresh_dir; None unless
-    `fresh`): the container's poststop hook removes it with its directory."""
-    base, real_root = base_dir()
-    if base is None:
-        return fresh_dir() if fresh else None
-    d = os.path.join(base, "oci")
-    _own_dir(d, 0o755 if real_root else 0o700)
-    return d
+    """The caller's directory for generated files: the part "oci" of the
+    caller's base directory (gpusandbox/rundir.py: /run/gpusandbox/oci as
+    real root).  Hooks get no XDG_RUNTIME_DIR, so rootless it is usually
+    under /tmp; when that name is another user's and no recorded one
+    exists, a fresh directory of this call's (None unless `fresh`: a
+    --remove has nothing to find there)."""
+    try:
+        return rundir.part("oci", environ, meet=not fresh)
+    except configedit.UsageError:
+        if not fresh:
+            return None
+        raise
 
 
 def _rmtree(base, name):

@@ -23,9 +23,10 @@ again and stored.  So the memo never changes what a create injects, only
 whether discovery runs.
 
 Safety: entries live in a directory of the caller's own, closed to others
-(real root: /run/gpusandbox/oci-memo; otherwise, rootless podman included,
-/tmp/gpusandbox-<host uid>/oci-memo), checked by owner and mode on every
-use, as is each entry; nothing another user could write is read.  The image
+(the part "oci-memo" of gpusandbox/rundir.py: real root
+/run/gpusandbox/oci-memo; otherwise, rootless podman included, under the
+user's runtime directory), checked by owner and mode on every use, as is
+each entry; nothing another user could write is read.  The image
 is read without following any symlink (a link on the way, or anything
 unexpected, means no memo for this create: the full path reads it through
 openat2 RESOLVE_IN_ROOT as always).
@@ -56,71 +57,7 @@ class _Unsure(Exception):
     """The image cannot be read here without following a link: no memo."""
 
 
-# --- the caller's directories (shared with the filter) ----------------------
-def uid_map():
-    try:
-        with open("/proc/self/uid_map", "rb") as f:
-            return [ln.split() for ln in f.read().decode().splitlines() if ln.strip()]
-    except OSError:
-        return []
-
-
-def real_root():
-    return os.geteuid() == 0 and uid_map() == [["0", "0", "4294967295"]]
-
-
-def host_uid():
-    """The caller's uid on the host (rootless podman runs hooks and the
-    runtime as root of its user namespace)."""
-    uid = os.geteuid()
-    for inside, outside, count in uid_map():
-        if int(inside) <= uid < int(inside) + int(count):
-            return int(outside) + uid - int(inside)
-    return uid
-
-
-def own_dir(d, mode):
-    """Make `d` (mode) or take it when it is a directory of the caller's,
-    closed to others' writes; UsageError otherwise."""
-    try:
-        os.mkdir(d, mode)
-    except FileExistsError:
-        pass
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        from gpusandbox.errors import UsageError
-        raise UsageError(f"state directory {d}", "not a directory owned by the "
-                         "caller and closed to others")
-
-
-def base_dir():
-    """/run/gpusandbox as real root, /tmp/gpusandbox-<host uid> otherwise
-    (hooks get no XDG_RUNTIME_DIR).  That name in /tmp is predictable: when
-    another user took it first (a directory of theirs, a link), or it went
-    away while being checked, the base is None: the caller goes on without
-    it, never fails over it and never uses what is there."""
-    if real_root():
-        os.makedirs("/run/gpusandbox", 0o755, exist_ok=True)
-        return "/run/gpusandbox", True
-    base = f"/tmp/gpusandbox-{host_uid()}"
-    try:
-        own_dir(base, 0o700)
-    except Exception:       # UsageError: not the caller's; OSError: raced away
-        return None, False
-    return base, False
-
-
-def fresh_dir():
-    """A new directory of the caller's in /tmp, 0700, under a name nobody
-    could guess (mkdir does not follow a link or take an existing entry)."""
-    for _ in range(8):
-        d = f"/tmp/gpusandbox-{host_uid()}.{os.urandom(8).hex()}"
-        try:
-            os.mkdir(d, 0o700)
-            return d
-        except FileExistsError:
-            continue
-    raise OSError(17, "cannot make a private directory in /tmp")
+# --- the caller's directory (gpusandbox/rundir.py) -------------------------------
 
 
 # --- observations -----------------------------------------------------------
@@ -311,14 +248,11 @@ def key(roots, select_env, rootfd):
 
 # --- entries ----------------------------------------------------------------
 def directory():
-    """The memo directory (made, checked), or None where there is none."""
+    """The memo directory (made, checked), or None where there is none: a
+    memo is only a cache, so a base directory in the way costs a miss."""
     try:
-        base, _ = base_dir()
-        if base is None:
-            return None
-        d = os.path.join(base, "oci-memo")
-        own_dir(d, 0o700)
-        return d
+        from gpusandbox import rundir
+        return rundir.part("oci-memo", meet=False)
     except Exception:
         return None
 

@@ -49,7 +49,11 @@ def test_entry_used_only_while_private_and_watch_holds(tmp_path):
 
 
 def test_directory_open_to_others_is_not_used(tmp_path, monkeypatch):
-    monkeypatch.setattr(memo, "base_dir", lambda: (str(tmp_path), False))
+    from gpusandbox import rundir
+    monkeypatch.setattr(rundir, "open_base",
+                        lambda environ=None, meet=True: rundir.Base(
+                            str(tmp_path), os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY),
+                            False))
     assert memo.directory() == str(tmp_path / "oci-memo")
     os.chmod(tmp_path / "oci-memo", 0o777)
     assert memo.directory() is None

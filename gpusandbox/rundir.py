@@ -1,0 +1,367 @@
+"""Every directory gpusandbox keeps runtime state in: where it is, how it is
+made, how it is checked (docs/runtime.md).  No other module makes these.
+
+    real root      /run/gpusandbox/            root's, 0755
+                       pods/ mps/ nodeimage/ oci-memo/   0700
+                       oci/                    0755: files the precreate filter
+                                               generates, which a user-namespaced
+                                               runtime (podman --userns) binds
+                   /run/gpusandbox-oci/        the OCI runtime's state root, 0700
+    anyone else    BASE/ and every part, 0700, where BASE is the first usable of
+                       $XDG_RUNTIME_DIR/gpusandbox
+                       /run/user/<host uid>/gpusandbox   (hooks get no XDG_RUNTIME_DIR)
+                       /tmp/gpusandbox-<host uid>
+                   the OCI state root: $XDG_RUNTIME_DIR/gpusandbox-oci, else
+                   /run/user/<host uid>/gpusandbox-oci (runc's rule)
+
+"Usable" is one rule, used for every directory here and for every path the
+host side takes from a shared or user-writable place (trusted_dir): walked
+from / by descriptor without following a symlink, each component a
+directory owned by root or the caller that no one else can write (a sticky
+directory such as /tmp aside), the last one the caller's.  A directory of
+the caller's with another mode (left by an older version) is repaired; one
+that belongs to someone else is refused with a hint.
+
+The /tmp name is predictable: another user may have made it first.  Then
+the base is a fresh directory under an unguessable name
+(/tmp/gpusandbox-<uid>.<random>), recorded in the caller's own state
+directory (~/.local/state/gpusandbox/rundir.<host>) so that every later
+launch on this node (pod ranks, MPS clients) finds the same one; without a
+home of the caller's to record it in, parts that need a meeting point fail
+with the hint to set XDG_RUNTIME_DIR, the others use a fresh directory of
+their own for this call.
+
+Light: os and stat only (the OCI fast paths call it).
+"""
+import os
+import stat
+
+from .linux.host import host_uid, real_root
+
+ROOT_BASE = "/run/gpusandbox"
+ROOT_OCI = "/run/gpusandbox-oci"
+OCI_NAME = "gpusandbox-oci"
+# part: (mode as real root, mode otherwise)
+PARTS = {
+    "pods": (0o700, 0o700),
+    "mps": (0o700, 0o700),
+    "nodeimage": (0o700, 0o700),
+    "oci-memo": (0o700, 0o700),
+    "oci": (0o755, 0o700),
+}
+ROOT_BASE_MODE = 0o755
+USER_MODE = 0o700
+HINT_XDG = "set XDG_RUNTIME_DIR to a directory of your own (mode 0700) and run again"
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Taken(Exception):
+    """A directory is not the caller's or not closed to others: (path, why)."""
+
+    def __init__(self, path, why, foreign):
+        super().__init__(path, why)
+        self.path, self.why, self.foreign = path, why, foreign
+
+
+def _error(path, why, hint):
+    from .errors import UsageError
+    return UsageError(f"runtime directory {path}", why, hint)
+
+
+# --- the one rule --------------------------------------------------------------
+def _others_root():
+    """The owners that stand for root on the way down: 0, and inside a user
+    namespace the overflow uid, which is what host root's /, /run and /tmp
+    show there (any unmapped owner does: a path through a directory of
+    another user is the caller's own choice, never one made here)."""
+    from .linux.host import initial_userns
+    if initial_userns():
+        return (0,)
+    try:
+        with open("/proc/sys/kernel/overflowuid") as f:
+            return (0, int(f.read()))
+    except (OSError, ValueError):
+        return (0, 65534)
+
+
+def _check_step(fd, path, last, uid, roots=(0,)):
+    st = os.fstat(fd)
+    if (st.st_uid not in roots and st.st_uid != uid) or (last and st.st_uid != uid):
+        raise Taken(path, f"owned by uid {st.st_uid}, not by you (uid {uid})", True)
+    if st.st_mode & 0o022 and not (st.st_mode & stat.S_ISVTX and not last):
+        raise Taken(path, f"mode {st.st_mode & 0o7777:04o} lets others write to it",
+                    st.st_uid != uid or not last)
+    return st
+
+
+def trusted_dir(path, uid=None, own=True):
+    """A descriptor of directory `path`, opened from / one component at a
+    time without following a symlink; every component owned by root or
+    `uid` (default: the caller) and writable by no one else unless sticky,
+    the last one `uid`'s when `own` (else root's or `uid`'s, closed to
+    writes).  Taken when not; OSError (ENOENT, ELOOP, ENOTDIR) as the
+    kernel says."""
+    uid = os.geteuid() if uid is None else uid
+    if not path.startswith("/"):
+        raise Taken(path, "not an absolute path", False)
+    parts = [p for p in path.split("/") if p and p != "."]
+    if ".." in parts:
+        raise Taken(path, "has '..' in it", False)
+    roots = _others_root()
+    fd = os.open("/", _DIR)
+    try:
+        _check_step(fd, "/", not parts and own, uid, roots)
+        for i, name in enumerate(parts):
+            nfd = os.open(name, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+            last = i == len(parts) - 1
+            if last and not own:
+                st = os.fstat(fd)
+                if (st.st_uid not in roots and st.st_uid != uid) or st.st_mode & 0o022:
+                    raise Taken(path, f"owned by uid {st.st_uid} with mode "
+                                f"{st.st_mode & 0o7777:04o}: not root's or yours, closed "
+                                "to others", True)
+            else:
+                _check_step(fd, "/" + "/".join(parts[:i + 1]), last and own, uid, roots)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def ensure_dir(parent_fd, parent, name, mode):
+    """parent/name as a directory of the caller's with exactly `mode`: made
+    when missing, repaired when the caller's with another mode; Taken when
+    it is anything else.  Returns its descriptor."""
+    path = os.path.join(parent, name)
+    try:
+        os.mkdir(name, mode, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(name, _DIR, dir_fd=parent_fd)
+    except OSError as e:
+        # ELOOP/ENOTDIR: a link or a file under that name.
+        raise Taken(path, "not a directory (a link or a file is there)", True) from e
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise Taken(path, f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})", True)
+        if st.st_mode & 0o7777 != mode:
+            # A mode an older version left is repaired; one that let others
+            # write may hold what they planted: not ours to trust.
+            if st.st_mode & 0o022:
+                raise Taken(path, f"mode {st.st_mode & 0o7777:04o} lets others write to it",
+                            False)
+            os.fchmod(fd, mode)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+# --- where ----------------------------------------------------------------------
+def _usable_runtime(path):
+    """Whether `path` (XDG_RUNTIME_DIR, /run/user/UID) passes the rule."""
+    if not path or not path.startswith("/"):
+        return False
+    try:
+        os.close(trusted_dir(path))
+        return True
+    except (Taken, OSError):
+        return False
+
+
+def runtime_home(environ=None):
+    """The caller's runtime directory (XDG_RUNTIME_DIR or /run/user/UID)
+    when one passes the rule, else None."""
+    environ = os.environ if environ is None else environ
+    for cand in (environ.get("XDG_RUNTIME_DIR") or "", f"/run/user/{host_uid()}"):
+        if _usable_runtime(cand):
+            return cand.rstrip("/") or "/"
+    return None
+
+
+def oci_root(environ=None):
+    """The OCI runtime's default state root (not made here), or None when
+    an unprivileged caller has no runtime directory."""
+    if host_uid() == 0:
+        return ROOT_OCI
+    home = runtime_home(environ)
+    return os.path.join(home, OCI_NAME) if home else None
+
+
+def _pointer_path(environ):
+    """Where the fresh /tmp base is recorded: the caller's own state
+    directory (XDG_STATE_HOME, else HOME's, else passwd's home), or None."""
+    state = environ.get("XDG_STATE_HOME") or ""
+    if not state.startswith("/"):
+        home = environ.get("HOME") or ""
+        homes = [home] if home.startswith("/") else []
+        try:
+            import pwd
+            homes.append(pwd.getpwuid(os.geteuid()).pw_dir)
+        except (KeyError, ImportError):
+            pass
+        for h in homes:
+            try:
+                if os.stat(h).st_uid == os.geteuid() and h != "/":
+                    state = os.path.join(h, ".local", "state")
+                    break
+            except OSError:
+                continue
+        else:
+            return None
+    return os.path.join(state, "gpusandbox", f"rundir.{os.uname().nodename}")
+
+
+class Base:
+    """The caller's base directory: path, descriptor, whether it is root's."""
+
+    def __init__(self, path, fd, root):
+        self.path, self.fd, self.root = path, fd, root
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _open_base(environ, meet):
+    uid = host_uid()
+    if real_root():
+        parent = "/run"
+        pfd = trusted_dir(parent, own=False)
+        try:
+            return Base(ROOT_BASE, ensure_dir(pfd, parent, "gpusandbox", ROOT_BASE_MODE), True)
+        finally:
+            os.close(pfd)
+    home = runtime_home(environ)
+    if home:
+        pfd = trusted_dir(home)
+        try:
+            return Base(os.path.join(home, "gpusandbox"),
+                        ensure_dir(pfd, home, "gpusandbox", USER_MODE), False)
+        finally:
+            os.close(pfd)
+    pfd = os.open("/tmp", _DIR)
+    try:
+        try:
+            return Base(f"/tmp/gpusandbox-{uid}",
+                        ensure_dir(pfd, "/tmp", f"gpusandbox-{uid}", USER_MODE), False)
+        except Taken as e:
+            if not e.foreign:
+                raise
+            return _fresh_base(pfd, uid, environ, meet, e)
+    finally:
+        os.close(pfd)
+
+
+def _fresh_base(tmpfd, uid, environ, meet, taken):
+    """The predictable /tmp name is someone else's: the fresh base recorded
+    in the caller's state directory, or a new one (recorded when possible)."""
+    pointer = _pointer_path(environ)
+    if pointer:
+        try:
+            with open(pointer, "rb") as f:
+                name = os.fsdecode(f.read(200).strip())
+            if name.startswith(f"gpusandbox-{uid}.") and "/" not in name:
+                fd = ensure_dir(tmpfd, "/tmp", name, USER_MODE)
+                return Base("/tmp/" + name, fd, False)
+        except (OSError, Taken):
+            pass
+    elif meet:
+        raise _error(taken.path, taken.why + "; no home of yours to record another name in",
+                     HINT_XDG)
+    for _ in range(8):
+        name = f"gpusandbox-{uid}.{os.urandom(8).hex()}"
+        try:
+            os.mkdir(name, USER_MODE, dir_fd=tmpfd)
+        except FileExistsError:
+            continue
+        fd = ensure_dir(tmpfd, "/tmp", name, USER_MODE)
+        if pointer:
+            try:
+                from .linux.fsutil import write_atomic
+                os.makedirs(os.path.dirname(pointer), 0o700, exist_ok=True)
+                write_atomic(pointer, name.encode() + b"\n", 0o600)
+            except OSError:
+                pass
+        return Base("/tmp/" + name, fd, False)
+    raise _error("/tmp", "cannot make a private directory there", HINT_XDG)
+
+
+def open_base(environ=None, meet=True):
+    """The caller's base directory, made and checked (Base).  `meet`: the
+    caller needs the same directory as other launches (pods, MPS)."""
+    environ = os.environ if environ is None else environ
+    try:
+        return _open_base(environ, meet)
+    except Taken as e:
+        hint = f"remove {e.path} and run again" if not e.foreign else \
+            (f"remove {e.path} (as root) and run again" if real_root() else HINT_XDG)
+        raise _error(e.path, e.why, hint) from None
+
+
+def part(name, environ=None, meet=True):
+    """The path of part `name` (PARTS) of the caller's base directory, made
+    and checked by the rule; UsageError (exit 125) with a hint otherwise."""
+    fd, path = open_part(name, environ, meet)
+    os.close(fd)
+    return path
+
+
+def locate(name, environ=None):
+    """Where part `name` is (or would be made), without making or changing
+    anything: for queries (status) and for naming paths ahead of part()."""
+    environ = os.environ if environ is None else environ
+    if real_root():
+        return os.path.join(ROOT_BASE, name)
+    home = runtime_home(environ)
+    if home:
+        return os.path.join(home, "gpusandbox", name)
+    uid = host_uid()
+    tmp = f"/tmp/gpusandbox-{uid}"
+    try:
+        st = os.lstat(tmp)
+    except OSError:
+        return os.path.join(tmp, name)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        return os.path.join(tmp, name)
+    pointer = _pointer_path(environ)
+    try:
+        with open(pointer, "rb") as f:
+            recorded = os.fsdecode(f.read(200).strip())
+        if recorded.startswith(f"gpusandbox-{uid}.") and "/" not in recorded:
+            return os.path.join("/tmp", recorded, name)
+    except (OSError, TypeError):
+        pass
+    return os.path.join(tmp, name)
+
+
+def subdir(parent, name, mode=USER_MODE):
+    """parent/name (parent: a part, already checked) by the same rule;
+    returns its path.  UsageError with a hint when it is not the caller's."""
+    pfd = os.open(parent, _DIR)
+    try:
+        os.close(ensure_dir(pfd, parent, name, mode))
+    except Taken as e:
+        raise _error(e.path, e.why, f"remove {e.path} and run again" if not e.foreign
+                     else HINT_XDG) from None
+    finally:
+        os.close(pfd)
+    return os.path.join(parent, name)
+
+
+def open_part(name, environ=None, meet=True):
+    """(descriptor, path) of part `name` of the caller's base directory."""
+    base = open_base(environ, meet)
+    try:
+        mode = PARTS[name][0 if base.root else 1]
+        try:
+            return ensure_dir(base.fd, base.path, name, mode), os.path.join(base.path, name)
+        except Taken as e:
+            raise _error(e.path, e.why, f"remove {e.path} and run again") from None
+    finally:
+        base.close()
