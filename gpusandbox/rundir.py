@@ -219,8 +219,8 @@ def _pointer_path(environ):
 class Base:
     """The caller's base directory: path, descriptor, whether it is root's."""
 
-    def __init__(self, path, fd, root):
-        self.path, self.fd, self.root = path, fd, root
+    def __init__(self, path, fd, root, ephemeral=False):
+        self.path, self.fd, self.root, self.ephemeral = path, fd, root, ephemeral
 
     def close(self):
         if self.fd is not None:
@@ -260,7 +260,9 @@ def _open_base(environ, meet):
 
 def _fresh_base(tmpfd, uid, environ, meet, taken):
     """The predictable /tmp name is someone else's: the fresh base recorded
-    in the caller's state directory, or a new one (recorded when possible)."""
+    in the caller's state directory, or a new one, recorded.  Where nothing
+    can be recorded, `meet` callers get the error, the others a fresh
+    directory of this call's own (Base.ephemeral: theirs to remove)."""
     pointer = _pointer_path(environ)
     if pointer:
         try:
@@ -271,7 +273,7 @@ def _fresh_base(tmpfd, uid, environ, meet, taken):
                 return Base("/tmp/" + name, fd, False)
         except (OSError, Taken):
             pass
-    elif meet:
+    if not pointer and meet:
         raise _error(taken.path, taken.why + "; no home of yours to record another name in",
                      HINT_XDG)
     for _ in range(8):
@@ -281,14 +283,20 @@ def _fresh_base(tmpfd, uid, environ, meet, taken):
         except FileExistsError:
             continue
         fd = ensure_dir(tmpfd, "/tmp", name, USER_MODE)
+        recorded = False
         if pointer:
             try:
                 from .linux.fsutil import write_atomic
                 os.makedirs(os.path.dirname(pointer), 0o700, exist_ok=True)
-                write_atomic(pointer, name.encode() + b"\n", 0o600)
+                recorded = write_atomic(pointer, name.encode() + b"\n", 0o600)
             except OSError:
                 pass
-        return Base("/tmp/" + name, fd, False)
+        if not recorded and meet:
+            os.close(fd)
+            os.rmdir(name, dir_fd=tmpfd)
+            raise _error(taken.path, taken.why + f"; cannot record another name in {pointer}",
+                         HINT_XDG)
+        return Base("/tmp/" + name, fd, False, ephemeral=not recorded)
     raise _error("/tmp", "cannot make a private directory there", HINT_XDG)
 
 
@@ -306,7 +314,10 @@ def open_base(environ=None, meet=True):
 
 def part(name, environ=None, meet=True):
     """The path of part `name` (PARTS) of the caller's base directory, made
-    and checked by the rule; UsageError (exit 125) with a hint otherwise."""
+    and checked by the rule; UsageError (exit 125) with a hint otherwise.
+    `meet`: the caller needs the same directory on every call (pods, MPS,
+    the memo); else, where the /tmp name is taken and no other can be
+    recorded, it gets a fresh directory of its own to remove when done."""
     fd, path = open_part(name, environ, meet)
     os.close(fd)
     return path
@@ -358,6 +369,10 @@ def open_part(name, environ=None, meet=True):
     """(descriptor, path) of part `name` of the caller's base directory."""
     base = open_base(environ, meet)
     try:
+        if base.ephemeral:
+            # This call's own directory: the part itself.
+            fd, base.fd = base.fd, None
+            return fd, base.path
         mode = PARTS[name][0 if base.root else 1]
         try:
             return ensure_dir(base.fd, base.path, name, mode), os.path.join(base.path, name)

@@ -252,7 +252,7 @@ def directory():
     memo is only a cache, so a base directory in the way costs a miss."""
     try:
         from gpusandbox import rundir
-        return rundir.part("oci-memo", meet=False)
+        return rundir.part("oci-memo")
     except Exception:
         return None
 

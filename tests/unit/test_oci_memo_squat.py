@@ -89,7 +89,8 @@ def test_a_taken_name_is_not_used(taken, how):
 def test_without_a_home_to_record_in(taken, monkeypatch):
     _theirs(NAME)
     monkeypatch.setattr(rundir, "_pointer_path", lambda environ: None)
-    a, b = memo.directory(), memo.directory()
+    assert memo.directory() is None          # no memo: discovery every time
+    a, b = ocifilter.state_dir(os.environ), ocifilter.state_dir(os.environ)
     assert a != b and a.startswith(NAME + ".") and b.startswith(NAME + ".")
     assert ocifilter.state_dir(os.environ, fresh=False) is None
     with pytest.raises(UsageError) as e:
