@@ -29,7 +29,7 @@ class RunSpec:
     __slots__ = (
         "image", "argv",
         # namespaces and identity
-        "net", "userns", "fakeroot", "user", "hostname",
+        "net", "userns", "fakeroot", "user", "user_by_image", "hostname",
         # root filesystem
         "rootfs_mode", "binds",
         # process
@@ -58,6 +58,9 @@ class RunSpec:
         self.userns = "auto"         # auto | single | subids | host
         self.fakeroot = False        # --root
         self.user = None             # (uid, gid) under real root
+        # spec.user is the image's User (a store image's or a .sqsh file's
+        # config), not --user: the plan gives it no host network by default.
+        self.user_by_image = False
         self.hostname = None
         self.rootfs_mode = "ro"      # ro | tmpfs-overlay | rw
         self.binds = []

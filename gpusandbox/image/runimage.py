@@ -40,6 +40,7 @@ def apply_user(spec, conf, rootfd):
     the host user namespace (the --user path); elsewhere a note."""
     if os.geteuid() == 0 and spec.userns in ("auto", "host"):
         spec.user = resolve_user(conf, rootfd)
+        spec.user_by_image = True
         spec.userns = "host"
         return
     note_user(conf)

@@ -59,6 +59,7 @@ def apply(plan, image):
         return False
     if plan.userns == "host" and plan.real_root:
         spec.user = resolve_user(conf, plan.rootfd)
+        spec.user_by_image = True
         return True
     note_user(conf)
     return False

@@ -11,11 +11,13 @@ from gpusandbox.spec import RunSpec
 NET_RAW, NET_BIND_SERVICE = 13, 10
 
 
-def identity(monkeypatch, euid, net=None, user=None, fakeroot=False, env=None):
+def identity(monkeypatch, euid, net=None, user=None, fakeroot=False, env=None, by_image=False):
     monkeypatch.setattr(os, "geteuid", lambda: euid)
     monkeypatch.setattr(os, "getegid", lambda: euid)
     spec = RunSpec()
     spec.net, spec.user, spec.fakeroot = net, user, fakeroot
+    if by_image:
+        spec.user_by_image, spec.userns = True, "host"     # image.runimage.apply_user
     plan = planmod.LaunchPlan(spec)
     planmod._identity(plan, spec, env or {})
     return plan
@@ -66,3 +68,31 @@ def test_multi_task_slurm_step_under_root_is_told_about_net_host(monkeypatch, en
     assert p.spec.net == "none"
     assert bool([w for w in p.warnings if "--net host" in w]) == warned
     assert identity(monkeypatch, 0, net="host", env=env).warnings == []
+
+
+def test_an_image_user_under_root_gets_a_private_network(monkeypatch):
+    """The image's User picked the host uid, not the caller: no host network
+    (its daemons on abstract sockets would take the command for that user)."""
+    p = identity(monkeypatch, 0, user=(1006, 1006), by_image=True)
+    assert p.spec.net == "none" and p.clone_flags & k.CLONE_NEWNET
+    assert (p.cmd_uid, p.caps, p.warnings) == (1006, (), [])
+    assert [n for n in p.notes if n.startswith("network: ")] == [
+        "network: private namespace, loopback only (the command's host uid 1006 is the "
+        "image's User, not a uid you chose with --user; --net host shares the host's)"]
+    p = identity(monkeypatch, 0, user=(1006, 1006), by_image=True, net="host")
+    assert not p.clone_flags & k.CLONE_NEWNET and p.caps == ()
+    assert any("uid 1006 (the image's User)" in n for n in p.notes), p.notes
+    env = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"}
+    p = identity(monkeypatch, 0, user=(1006, 1006), by_image=True, env=env)
+    assert [w for w in p.warnings if "--net host" in w and "uid 1006" in w], p.warnings
+
+
+def test_planning_the_identity_again_replaces_the_network_notes(monkeypatch):
+    """A .sqsh file's User plans the identity a second time (plan.build):
+    only the second decision is reported."""
+    env = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"}
+    p = identity(monkeypatch, 0, env=env)
+    p.spec.net, p.spec.user = None, (1000, 1000)
+    planmod._identity(p, p.spec, env)
+    assert p.spec.net == "host"
+    assert not [n for n in p.notes if n.startswith("network: ")] and p.warnings == []
