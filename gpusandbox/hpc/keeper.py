@@ -14,6 +14,13 @@ from ..linux import sys as k
 
 _BO = __import__("sys").byteorder
 PROBE_TIMEOUT_MS = 30000     # no rank ever connected (its launcher died first)
+# What a rank (`kill -INT 1`), a terminal's Ctrl-C or `scancel -s SIG` may
+# send the keeper: the set launchers forward.  Ignored outright: the kernel
+# drops such a signal to a pid namespace's init only while its disposition is
+# SIG_DFL, and the interpreter installs a SIGINT handler (KeyboardInterrupt)
+# that would end the keeper, and with its pid namespace every rank (SIGKILL).
+# The keeper ends when its last rank's connection closes, or by SIGKILL.
+_IGNORED = (1, 2, 3, 10, 12, 15)    # HUP INT QUIT USR1 USR2 TERM
 
 
 def start(plan, path, dirfd):
@@ -38,6 +45,11 @@ def start(plan, path, dirfd):
         mid = os.fork()
         if mid == 0:
             try:
+                # Before the clone, so the keeper is born ignoring them: it is
+                # still in the launcher's process group until its setsid().
+                import _signal
+                for sig in _IGNORED:
+                    _signal.signal(sig, _signal.SIG_IGN)
                 if k.clone_fork(flags) == 0:
                     _main(pod, lsock.fileno(), dirfd, plan.real_root)
             finally:

@@ -178,6 +178,43 @@ def test_kill9_of_one_launcher_ends_that_rank_only_and_keeper_ends_all(
                 p.wait()
 
 
+@pytest.mark.parametrize("mode", ["root", "rootless"])
+def test_keeper_outlives_signals_from_ranks_and_host(mode, cli, test_user, rootfs, pod_env):
+    """A rank's `kill -INT|-TERM|-HUP 1`, and the same signals from the host
+    (`scancel -s SIG` reaches every process of the step), leave the keeper
+    running: the other rank goes on and exits with its own status, a later
+    rank joins the same pod, and the keeper ends after the last rank."""
+    from tests.integration.conftest import Runner
+    runner = Runner(cli, mode, test_user)
+    mb = f"23{os.getpid()}57"
+    # Rank b runs until a later rank creates /dev/shm/go in the pod's tmpfs.
+    b = runner.popen(["--share", "node", str(rootfs), "sh", "-c",
+                      f"sleep {mb} & while [ ! -e /dev/shm/go ]; do sleep 0.05; done; "
+                      "kill $!; exit 5"], env=pod_env)
+    try:
+        assert wait_for(lambda: _sleeps(mb), 30)
+        pidns = _ns_of(_sleeps(mb)[0])
+        keepers = _keepers(pidns)
+        assert len(keepers) == 1
+        a = runner.run(["--share", "node", str(rootfs), "sh", "-c",
+                        "kill -INT 1 && kill -TERM 1 && kill -HUP 1 && "
+                        "readlink /proc/self/ns/pid && exit 3; exit 9"], env=pod_env)
+        assert (a.returncode, a.stdout) == (3, pidns + "\n"), a.stderr
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            os.kill(keepers[0], sig)
+        # A rank that joins now meets the same keeper (pid 1 of the same pod).
+        c = runner.run(["--share", "node", str(rootfs), "sh", "-c",
+                        "readlink /proc/self/ns/pid; cat /proc/1/comm; touch /dev/shm/go"],
+                       env=pod_env)
+        assert (c.returncode, c.stdout) == (0, f"{pidns}\ngpusandbox-pod\n"), c.stderr
+        assert b.wait(timeout=30) == 5, b.stderr.read()
+        assert wait_for(lambda: not _keepers(pidns), 10)
+    finally:
+        if b.poll() is None:
+            b.kill()
+            b.wait()
+
+
 def test_last_rank_ends_the_keeper_and_a_new_pod_starts_fresh(root_runner, rootfs, pod_env):
     """The keeper ends with its last rank; the next launch under the same name
     makes a new pod (a new pid namespace) instead of reaching a dead one."""
