@@ -1,4 +1,5 @@
-"""Which network namespace and capabilities a launch gets (plan._identity)."""
+"""Which network namespace and capabilities a launch gets (plan._identity,
+netdefault.py)."""
 import os
 
 import pytest
