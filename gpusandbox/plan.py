@@ -355,9 +355,6 @@ def build(spec, host_env=None):
     # The caller's --net (None: the plan's default), for an identity chosen again.
     asked_net = spec.net
     _identity(plan, spec, host_env)
-    if spec.share == "node" or (spec.share is None and host_env.get("SLURM_STEP_ID")):
-        from .hpc import pod
-        pod.plan_pod(plan, spec, host_env)
     if squash:
         config = _squash_root(plan, spec.image)
         if plan.squash:
@@ -371,6 +368,11 @@ def build(spec, host_env=None):
         elif not spec.argv:
             raise UsageError("missing command", None,
                              "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
+    # After every identity choice (a .sqsh file's User chooses again): the
+    # pod takes the user, pid and IPC namespaces the identity set up.
+    if spec.share == "node" or (spec.share is None and host_env.get("SLURM_STEP_ID")):
+        from .hpc import pod
+        pod.plan_pod(plan, spec, host_env)
     rootfd = plan.rootfd
     _check_binds(spec)
     if spec.image_env is not None:

@@ -84,3 +84,18 @@ def test_pull_o_carries_the_config_for_run_and_doctor(runner, store, shared_tmp,
     assert len(r.stderr.splitlines()) == 2 and r.stderr.splitlines()[1].startswith("hint: ")
     r = gsbx(runner, store, ["run", str(plain), "cat", "/srv/app/hello"])
     assert (r.returncode, r.stdout) == (0, "hi\n"), r.stderr
+
+
+def test_a_pod_rank_from_a_file_with_a_user_joins_the_pod(root_runner, store, shared_tmp,  # noqa: F811
+                                                          image_files):  # noqa: F811
+    """The file's User chooses the identity again after the first plan: the
+    rank still gets the pod's pid namespace (the keeper is its pid 1), not a
+    namespace of its own."""
+    target = _pull_o(root_runner, store, shared_tmp, image_files, User="svc")
+    r = subprocess.run([root_runner.cli, "run", "--no-require", "--share", "node",
+                        str(target), "/bin/sh", "-c", "cat /proc/1/comm; id -u"],
+                       capture_output=True, text=True, timeout=120, cwd="/",
+                       env=root_runner.env({"GPUSANDBOX_STORE": str(store),
+                                            "GPUSANDBOX_POD": f"sqsh-{shared_tmp.name}"}))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["gpusandbox-pod", "1234"], r.stdout
