@@ -12,7 +12,8 @@ made, how it is checked (docs/runtime.md).  No other module makes these.
                        /run/user/<host uid>/gpusandbox   (hooks get no XDG_RUNTIME_DIR)
                        /tmp/gpusandbox-<host uid>
                    the OCI state root: $XDG_RUNTIME_DIR/gpusandbox-oci, else
-                   /run/user/<host uid>/gpusandbox-oci (runc's rule)
+                   /run/user/<host uid>/gpusandbox-oci, the first whose
+                   runtime directory is usable (runc's order); 0700
 
 "Usable" is one rule, used for every directory here and for every path the
 host side takes from a shared or user-writable place (trusted_dir): walked
@@ -31,8 +32,9 @@ home of the caller's to record it in, parts that need a meeting point fail
 with the hint to set XDG_RUNTIME_DIR, the others use a fresh directory of
 their own for this call.
 
-Light: os and stat only (the OCI fast paths call it).
+Light: os, stat and errno only (the OCI fast paths call it).
 """
+import errno
 import os
 import stat
 
@@ -94,40 +96,79 @@ def _check_step(fd, path, last, uid, roots=(0,)):
     return st
 
 
-def trusted_dir(path, uid=None, own=True):
+def trusted_dir(path, uid=None, own=True, links=False, make=None):
     """A descriptor of directory `path`, opened from / one component at a
     time without following a symlink; every component owned by root or
     `uid` (default: the caller) and writable by no one else unless sticky,
     the last one `uid`'s when `own` (else root's or `uid`'s, closed to
     writes).  Taken when not; OSError (ENOENT, ELOOP, ENOTDIR) as the
-    kernel says."""
+    kernel says.
+
+    `links`: for a path the caller names itself (gpusandbox-oci --root), a
+    symlink of root's or `uid`'s is followed and its target walked by the
+    same rule (a link in a directory that passed is as fixed as that
+    directory: /var/run -> /run); anyone else's is refused.  `make`: the
+    mode a missing component is made with (ensure_dir)."""
     uid = os.geteuid() if uid is None else uid
     if not path.startswith("/"):
         raise Taken(path, "not an absolute path", False)
-    parts = [p for p in path.split("/") if p and p != "."]
-    if ".." in parts:
+    todo = [p for p in path.split("/") if p and p != "."]
+    if ".." in todo:
         raise Taken(path, "has '..' in it", False)
+    todo.reverse()
     roots = _others_root()
-    fd = os.open("/", _DIR)
+    # (descriptor, path) of each directory on the way down: a link's '..'
+    # goes back up to one already checked.
+    walk = [(os.open("/", _DIR), "/")]
+    hops = 0
     try:
-        _check_step(fd, "/", not parts and own, uid, roots)
-        for i, name in enumerate(parts):
-            nfd = os.open(name, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-            last = i == len(parts) - 1
-            if last and not own:
-                st = os.fstat(fd)
-                if (st.st_uid not in roots and st.st_uid != uid) or st.st_mode & 0o022:
-                    raise Taken(path, f"owned by uid {st.st_uid} with mode "
-                                f"{st.st_mode & 0o7777:04o}: not root's or yours, closed "
-                                "to others", True)
-            else:
-                _check_step(fd, "/" + "/".join(parts[:i + 1]), last and own, uid, roots)
+        _check_step(walk[0][0], "/", False, uid, roots)
+        while todo:
+            name = todo.pop()
+            fd, cur = walk[-1]
+            if name == "..":
+                if len(walk) > 1:
+                    os.close(walk.pop()[0])
+                continue
+            sub = cur.rstrip("/") + "/" + name
+            try:
+                nfd = os.open(name, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if make is None:
+                    raise
+                nfd = ensure_dir(fd, cur, name, make)
+            except OSError as e:
+                if not links or e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISLNK(st.st_mode):
+                    raise
+                if st.st_uid not in roots and st.st_uid != uid:
+                    raise Taken(sub, f"a symbolic link owned by uid {st.st_uid}, not by root "
+                                f"or you (uid {uid})", True) from None
+                hops += 1
+                if hops > 40:       # the kernel's own limit (path_resolution(7))
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), sub) from None
+                target = os.readlink(name, dir_fd=fd)
+                if target.startswith("/"):
+                    while len(walk) > 1:
+                        os.close(walk.pop()[0])
+                todo.extend(reversed([p for p in target.split("/") if p and p != "."]))
+                continue
+            walk.append((nfd, sub))
+            _check_step(nfd, sub, False, uid, roots)
+        fd, cur = walk[-1]
+        st = os.fstat(fd)
+        if own:
+            _check_step(fd, cur, True, uid, roots)
+        elif (st.st_uid not in roots and st.st_uid != uid) or st.st_mode & 0o022:
+            raise Taken(cur, f"owned by uid {st.st_uid} with mode {st.st_mode & 0o7777:04o}: "
+                        "not root's or yours, closed to others", st.st_uid != uid)
+        walk.pop()
         return fd
-    except BaseException:
-        os.close(fd)
-        raise
+    finally:
+        for fd, _ in walk:
+            os.close(fd)
 
 
 def ensure_dir(parent_fd, parent, name, mode):
@@ -190,6 +231,43 @@ def oci_root(environ=None):
         return ROOT_OCI
     home = runtime_home(environ)
     return os.path.join(home, OCI_NAME) if home else None
+
+
+def open_oci_root(path, given, make=False):
+    """A descriptor of the OCI runtime's state root `path`, checked by the
+    rule: a `given` one (--root DIR) is walked with links of root's or the
+    caller's followed and must be root's or the caller's, closed to others;
+    the default (oci_root) must be the caller's, closed to others, in a
+    runtime directory that passes the rule (root's: in /run).  `make`: made
+    when missing (0700, as runc and crun make theirs); otherwise None where
+    it does not exist.  Taken when the rule refuses; OSError as the kernel
+    says."""
+    if given:
+        try:
+            return trusted_dir(path, own=False, links=True, make=USER_MODE if make else None)
+        except FileNotFoundError:
+            if make:
+                raise
+            return None
+    parent, name = os.path.split(path)
+    pfd = trusted_dir(parent, own=parent != "/run")
+    try:
+        if make:
+            return ensure_dir(pfd, parent, name, USER_MODE)
+        try:
+            fd = os.open(name, _DIR, dir_fd=pfd)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            raise Taken(path, "not a directory (a link or a file is there)", True) from None
+        try:
+            _check_step(fd, path, True, os.geteuid())
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    finally:
+        os.close(pfd)
 
 
 def _pointer_path(environ):
