@@ -34,6 +34,10 @@ class Caller:
     def __init__(self, mode, user, tmp):
         self.mode, self.user, self.tmp = mode, user, tmp
         self.env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "XDG_RUNTIME_DIR": str(tmp / "xdg")}
+        if mode == "root":
+            # Root's state root in a directory of root's: one of the test
+            # user's is refused (the user could swap the hooks root runs).
+            os.chown(tmp / "root", 0, 0)
 
     def run(self, argv, **kw):
         return subprocess.run(_as(self.mode, self.user, argv, self.env), capture_output=True,
@@ -80,6 +84,9 @@ def _save(root, cid, uid, gid, **st):
     ocistate.save({"id": cid, "bundle": "/b", "rootfs": "/b/rootfs", "created": "now",
                    "annotations": {"a\"\\b": "caf\u00e9 $(touch /tmp/x) `id`\n'%s"},
                    "cgroup": "", "cgroup_version": 2, **st, "_dir": str(d)})
+    for name in ocistate.FILES:
+        if (d / name).exists():
+            os.chown(d / name, uid, gid)     # the caller's, as its own create writes them
     return d
 
 

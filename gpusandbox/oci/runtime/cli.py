@@ -139,11 +139,7 @@ def main(argv=None):
             sys.stdout.write(USAGE)
             return 0 if argv or gopts else 125
         cmd, rest = argv[0], argv[1:]
-        root = gopts.get("--root")
-        if root is None:
-            from .state import default_root
-            root = default_root()
-        return _dispatch(cmd, rest, root, log)
+        return _dispatch(cmd, rest, gopts.get("--root"), log)
     except SandboxError as e:
         from ...errors import message
         log.error(e.line())
@@ -151,10 +147,23 @@ def main(argv=None):
         return 1 if e.code == 125 else e.code
 
 
-def _dispatch(cmd, rest, root, log):
+# The commands that read or write the state root: each checks it first
+# (state.open_root), whether --root gave it or not.
+STATE_COMMANDS = {"create", "run", "start", "state", "kill", "delete", "pause", "resume", "ps",
+                  "list", "exec"}
+
+
+def _dispatch(cmd, rest, given_root, log):
     if "--help" in rest or "-h" in rest:
         sys.stdout.write(USAGE)
         return 0
+    root = None
+    if cmd in STATE_COMMANDS:
+        from .state import open_root
+        # create makes it (create.py, by the same rule), the others only read.
+        root, fd = open_root(given_root)
+        if fd is not None:
+            os.close(fd)
     if cmd == "spec":
         opts, _ = _split(rest, {"--bundle", "-b"}, {"--rootless"})
         from .specgen import write_spec

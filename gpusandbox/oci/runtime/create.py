@@ -18,6 +18,7 @@ from ... import plan as planmod
 from ...errors import SandboxError
 from ...linux import cgroup
 from ...linux import sys as k
+from ...linux.host import host_uid
 from ...stages import channel, parent
 from ...stages.ocisetup import READY
 from .. import config as ociconfig
@@ -93,12 +94,7 @@ def _wait_ready(err_r, record=READY):
 def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=None,
            config_path=None):
     import _signal
-    d = state.container_dir(root, cid)
-    os.makedirs(root, 0o700, exist_ok=True)
-    try:
-        os.mkdir(d, 0o700)
-    except FileExistsError:
-        raise SandboxError(f"container \"{cid}\" already exists") from None
+    d = state.make_container_dir(root, cid)
     fifo = os.path.join(d, "exec.fifo")
     ok = False
     child = None
@@ -150,7 +146,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
                                 best_effort=True, name_prefix="gpusandbox-oci", detached=True)
         except SandboxError as e:
-            if state.host_uid() == 0:
+            if host_uid() == 0:
                 raise
             # Rootless, a caller whose cgroup is not in the cgroup2 tree (podman's
             # pause process on a hybrid host) gets no leaf, as rootless `run`

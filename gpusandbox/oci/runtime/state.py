@@ -1,16 +1,26 @@
-"""The runtime's state directory: ROOT/ID/{state.json, exec.fifo}.
+"""The runtime's state directory: ROOT/ID/{state.json, state.fast, exec.fifo}.
 
-ROOT does not depend on the environment (podman calls `state ID` with no
-flags and an almost empty one): /run/gpusandbox-oci for real root, else
-/run/user/<host uid>/gpusandbox-oci, where <host uid> is the caller's uid
-outside every user namespace (rootless podman runs the runtime as uid 0 of
-its own namespace), with $XDG_RUNTIME_DIR as the fallback when that
-directory does not exist.  --root overrides it.
+ROOT is --root's DIR, else rundir.oci_root(): /run/gpusandbox-oci for real
+root, else $XDG_RUNTIME_DIR/gpusandbox-oci or
+/run/user/<host uid>/gpusandbox-oci, the first whose runtime directory
+passes rundir's rule (<host uid> is the caller's uid outside every user
+namespace: rootless podman runs the runtime as uid 0 of its own).
+
+Every command checks the whole chain before it trusts a byte of it, by
+descriptor, without following a link (docs/oci.md, "The state root"): ROOT
+by rundir's rule (open_root; a place another user can rename in is
+refused, whether it is the default or --root's), ROOT/ID the caller's with
+no access for others, state.json a regular file of the caller's that no
+one else can write.  A state that passes can have been written by no one
+but the caller (or root) since `create` wrote it: the hooks `delete` runs
+from it, the pid `kill` signals and the namespaces `exec` joins are the
+caller's own.  bin/gpusandbox-oci makes the same checks or hands over.
 
 The container's init is named by its pid and its start time (field 22 of
 /proc/PID/stat): a recycled pid never passes for the container.
 """
 import os
+import stat
 
 from ...errors import SandboxError
 from .. import fastjson as json
@@ -18,38 +28,78 @@ from .. import fastjson as json
 # Removed first on delete: the shell entry answers from it, else falls back.
 FILES = ("state.fast", "exec.fifo", "state.json")
 _ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+HINT_OWN = ("use a state root of your own: --root DIR, or XDG_RUNTIME_DIR set to a directory "
+            "of yours (mode 0700)")
 
 
 class NotFound(SandboxError):
     pass
 
 
-def host_uid():
-    """The caller's uid as the initial user namespace sees it."""
-    uid = os.geteuid()
+class Root(str):
+    """The state root's path, and whether --root gave it (rundir's rule
+    for a given root is not the default's)."""
+
+    def __new__(cls, path, given=True):
+        self = super().__new__(cls, path)
+        self.given = given
+        return self
+
+
+def _refused(root, e):
+    """The SandboxError for rundir.Taken `e`, met on the way to `root`."""
+    where = root if e.path == root else f"{root} ({e.path})"
+    # One of the caller's that others could write to may hold what they put
+    # there: removed, not repaired (rundir's rule).
+    hint = HINT_OWN if e.foreign else f"remove {e.path} and run again"
+    return SandboxError(f"state root {where}", e.why, hint)
+
+
+def _open_root(path, given, make=False):
+    from ... import rundir
     try:
-        with open("/proc/self/uid_map") as f:
-            for line in f:
-                inside, outside, count = (int(x) for x in line.split())
-                if inside <= uid < inside + count:
-                    return outside + uid - inside
-    except (OSError, ValueError):
-        pass
-    return uid
+        return rundir.open_oci_root(path, given, make)
+    except rundir.Taken as e:
+        raise _refused(path, e) from None
+    except OSError as e:
+        raise SandboxError(f"state root {path}", e.strerror or str(e)) from None
 
 
-def default_root():
+def open_root(given=None, make=False, environ=None):
+    """(Root, descriptor) of the state root, checked by rundir's rule; the
+    descriptor is None when the root does not exist and `make` is false.
+    SandboxError (one line and a hint) when the rule refuses it."""
+    if given is not None:
+        path = given if given.startswith("/") else os.path.join(os.getcwd(), given)
+    else:
+        from ... import rundir
+        environ = os.environ if environ is None else environ
+        path = rundir.oci_root(environ)
+        if path is None:
+            raise _no_home(environ)
+    return Root(path, given is not None), _open_root(path, given is not None, make)
+
+
+def _no_home(environ):
+    """Why an unprivileged caller has no default state root."""
+    from ... import rundir
+    from ...linux.host import host_uid
     uid = host_uid()
-    if uid == 0:
-        return "/run/gpusandbox-oci"
-    run = f"/run/user/{uid}"
-    if os.path.isdir(run):
-        return run + "/gpusandbox-oci"
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and xdg.startswith("/"):
-        return xdg + "/gpusandbox-oci"
-    raise SandboxError(f"no state directory for uid {uid}", f"{run} does not exist",
-                       "pass --root DIR or set XDG_RUNTIME_DIR")
+    why = []
+    for name, cand in (("$XDG_RUNTIME_DIR ", environ.get("XDG_RUNTIME_DIR") or ""),
+                       ("", f"/run/user/{uid}")):
+        if not cand:
+            continue
+        try:
+            os.close(rundir.trusted_dir(cand))
+        except rundir.Taken as e:
+            why.append(f"{name}{e.path}: {e.why}")
+        except OSError as e:
+            why.append(f"{name}{cand}: {e.strerror}")
+    return SandboxError(f"no state directory for uid {uid}", "; ".join(why) or None,
+                        "pass --root DIR, or set XDG_RUNTIME_DIR to a directory of yours "
+                        "(mode 0700)")
 
 
 def check_id(cid):
@@ -62,6 +112,74 @@ def check_id(cid):
 
 def container_dir(root, cid):
     return os.path.join(root, check_id(cid))
+
+
+def open_container(root, cid):
+    """A descriptor of ROOT/ID, the chain from / checked again (rundir's
+    rule for ROOT, then ROOT/ID the caller's, no access for others, not a
+    link).  NotFound when either is missing; SandboxError when refused."""
+    d = container_dir(root, cid)
+    rfd = _open_root(root, getattr(root, "given", True))
+    if rfd is None:
+        raise NotFound(f"container \"{cid}\" does not exist")
+    try:
+        fd = os.open(cid, _DIR, dir_fd=rfd)
+    except FileNotFoundError:
+        raise NotFound(f"container \"{cid}\" does not exist") from None
+    except OSError:
+        raise SandboxError(f"state directory {d}", "a symbolic link or not a directory",
+                           f"remove {d}") from None
+    finally:
+        os.close(rfd)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise SandboxError(f"state directory {d}",
+                               f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})",
+                               HINT_OWN)
+        if st.st_mode & 0o077:
+            raise SandboxError(f"state directory {d}",
+                               f"mode {st.st_mode & 0o7777:04o} lets others in",
+                               f"remove {d} (create makes it 0700)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_state(dfd, d):
+    """state.json of ROOT/ID (descriptor `dfd`), or None when missing: a
+    regular file of the caller's that no one else can write, opened without
+    following a link and without blocking (a fifo there is refused, not
+    waited on)."""
+    path = os.path.join(d, "state.json")
+    try:
+        fd = os.open("state.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise SandboxError(f"state file {path}", e.strerror, f"remove {d}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SandboxError(f"state file {path}", "not a regular file", f"remove {d}")
+        if st.st_uid != os.geteuid():
+            raise SandboxError(f"state file {path}",
+                               f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})",
+                               HINT_OWN)
+        if st.st_mode & 0o022:
+            raise SandboxError(f"state file {path}",
+                               f"mode {st.st_mode & 0o7777:04o} lets others write to it",
+                               f"remove {d}")
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 16)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+    finally:
+        os.close(fd)
 
 
 def start_time(pid):
@@ -77,21 +195,50 @@ def start_time(pid):
 
 def load(root, cid):
     d = container_dir(root, cid)
+    dfd = open_container(root, cid)
     try:
-        with open(os.path.join(d, "state.json")) as f:
-            st = json.loads(f.read())
-    except (OSError, ValueError):
-        raise NotFound(f"container \"{cid}\" does not exist") from None
+        data = _read_state(dfd, d)
+    finally:
+        os.close(dfd)
+    try:
+        st = json.loads(data.decode()) if data is not None else None
+    except ValueError:
+        st = None
+    if not isinstance(st, dict):
+        raise NotFound(f"container \"{cid}\" does not exist")
     st["_dir"] = d
     return st
 
 
+def make_container_dir(root, cid):
+    """ROOT/ID made (0700) in the state root `root` (a Root), which is made
+    by rundir's rule when missing; SandboxError when the root is refused or
+    the id is taken."""
+    d = container_dir(root, cid)
+    rfd = _open_root(root, getattr(root, "given", True), make=True)
+    try:
+        os.mkdir(cid, 0o700, dir_fd=rfd)
+    except FileExistsError:
+        raise SandboxError(f"container \"{cid}\" already exists") from None
+    except OSError as e:
+        raise SandboxError(f"state directory {d}", e.strerror) from None
+    finally:
+        os.close(rfd)
+    return d
+
+
 def _write(d, name, data):
-    # Renamed into place, so a reader sees the old or the new file whole.
-    # No fsync: the state names live processes, which a crash of the
-    # machine (the only thing that loses unsynced data) ends too.
+    # Renamed into place, so a reader sees the old or the new file whole;
+    # 0600 and never through a link.  No fsync: the state names live
+    # processes, which a crash of the machine (the only thing that loses
+    # unsynced data) ends too.
     tmp = os.path.join(d, f".{name}.{os.getpid()}")
-    with open(tmp, "w") as f:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "w") as f:
         f.write(data)
     os.rename(tmp, os.path.join(d, name))
 
