@@ -203,7 +203,7 @@ def ensure_dir(parent_fd, parent, name, mode):
 
 
 # --- where ----------------------------------------------------------------------
-def _usable_runtime(path):
+def usable_runtime(path):
     """Whether `path` (XDG_RUNTIME_DIR, /run/user/UID) passes the rule."""
     if not path or not path.startswith("/"):
         return False
@@ -219,7 +219,7 @@ def runtime_home(environ=None):
     when one passes the rule, else None."""
     environ = os.environ if environ is None else environ
     for cand in (environ.get("XDG_RUNTIME_DIR") or "", f"/run/user/{host_uid()}"):
-        if _usable_runtime(cand):
+        if usable_runtime(cand):
             return cand.rstrip("/") or "/"
     return None
 

@@ -85,7 +85,11 @@ def authfile_candidates(authfile=None, env=None):
     out = []
     if env.get("REGISTRY_AUTH_FILE"):
         return [(env["REGISTRY_AUTH_FILE"], True)]
-    if env.get("XDG_RUNTIME_DIR"):
+    # podman's runtime-directory auth file, only from a runtime directory that
+    # is the caller's and closed to others (gpusandbox/rundir.py): one that
+    # another user made first would hand the pull their credentials file.
+    from .. import rundir
+    if env.get("XDG_RUNTIME_DIR") and rundir.usable_runtime(env["XDG_RUNTIME_DIR"]):
         out.append((os.path.join(env["XDG_RUNTIME_DIR"], "containers", "auth.json"), False))
     home = env.get("HOME") or os.path.expanduser("~")
     out.append((os.path.join(home, ".config", "containers", "auth.json"), False))

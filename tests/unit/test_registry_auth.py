@@ -1,6 +1,7 @@
 """WWW-Authenticate parsing and the auth-file lookup of the registry client."""
 import base64
 import json
+import os
 
 import pytest
 
@@ -56,6 +57,11 @@ def test_lookup_order(tmp_path):
     _write(run / "containers" / "auth.json", {"auths": {"r.io": {"auth": _b64("xdg:3")}}})
     env["XDG_RUNTIME_DIR"] = str(run)
     assert auth.find_credentials("r.io", "a/b", env=env) == ("xdg", "3")
+    # a runtime directory others can write (another user's, squatted in /tmp)
+    # is not the caller's: its auth file is not read
+    os.chmod(run, 0o777)
+    assert auth.find_credentials("r.io", "a/b", env=env) == ("cont", "2")
+    os.chmod(run, 0o700)
     env["REGISTRY_AUTH_FILE"] = _write(tmp_path / "raf.json",
                                        {"auths": {"r.io": {"auth": _b64("raf:4")}}})
     assert auth.find_credentials("r.io", "a/b", env=env) == ("raf", "4")
