@@ -52,11 +52,14 @@ def open_target(rootfd, path, kind="dir", create=True, strict=False):
             raise MountError(e.errno, f"cannot resolve {path} in the root: "
                              f"{os.strerror(e.errno)}") from None
         have, missing = _canonical(rootfd, path, follow=not strict)
-        pfd = _walk_create(rootfd, have + missing[:-1])
-        try:
-            _create(pfd, missing[-1], kind, path)
-        finally:
-            os.close(pfd)
+        if missing:
+            pfd = _walk_create(rootfd, have + missing[:-1])
+            try:
+                _create(pfd, missing[-1], kind, path)
+            finally:
+                os.close(pfd)
+        # else: it appeared between the open and the walk (the image's own
+        # command renaming it back): open it again below like any other.
         try:
             fd = _open(rootfd, rel, 0, resolve)
         except OSError as e2:

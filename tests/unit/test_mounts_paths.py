@@ -183,3 +183,26 @@ def test_read_in_root_breaks_a_lease_instead_of_waiting(tree):
         holder.stdin.close()
         holder.wait()
         os.close(fd)
+
+
+def test_open_target_a_target_that_appears_during_the_walk(tree, monkeypatch):
+    """The image's own command renames the target back between the first
+    open (ENOENT) and the walk: the target is opened, not an IndexError."""
+    root = tree
+    os.makedirs(os.path.join(root, "mnt", "x"))
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    real = m._open
+    calls = []
+
+    def racing(dirfd, rel, flags, resolve):
+        calls.append(rel)
+        if len(calls) == 1:
+            raise OSError(errno.ENOENT, "gone for a moment")
+        return real(dirfd, rel, flags, resolve)
+    monkeypatch.setattr(m, "_open", racing)
+    got = m.open_target(fd, "/mnt/x")
+    try:
+        assert os.path.samestat(os.fstat(got), os.stat(os.path.join(root, "mnt", "x")))
+    finally:
+        os.close(got)
+        os.close(fd)
