@@ -34,10 +34,11 @@ import os
 
 from gpusandbox.errors import CgroupError, UsageError
 
+from . import cgempty
 from .cgfs import (  # noqa: F401 - Limits and clean_stale are part of this module's API
     Limits, _write, _mounts, _cgroup2, _v1_mounts,
     _v1_bound, _own_cgroups, _privileged, _writable, _mkdir,
-    _words, _populated, _resolve_parent, clean_stale, _rmtree)
+    _words, _resolve_parent, clean_stale, _rmtree)
 
 BEST_EFFORT_OPTION = "--best-effort-limits"
 KILL_WAIT = 2.0      # seconds teardown waits for killed processes to leave
@@ -88,43 +89,24 @@ class CgroupHandle:
             raise CgroupError(f"cgroup: cannot move pid {pid} into {self.path}", e.strerror,
                               hint="the cgroup must be writable by the launcher") from None
 
-    def _kill_all(self):
+    def _kill_all(self, wait):
         """SIGKILL everything in the leaf; True once it is empty."""
-        import time
-        wait = KILL_WAIT
-        path = self.path
-        killer = f"{path}/cgroup.kill"
-        use_kill_file = self.version == 2 and os.path.exists(killer)
-        if use_kill_file:
-            _write(killer, "1")    # SIGKILL to the whole subtree at once (5.14+)
-        start = time.monotonic()
-        deadline, thawed = start + wait, False
-        while _populated(path):
-            now = time.monotonic()
-            if now > deadline:
-                return False
-            if not use_kill_file:
-                _kill_listed(path)
-            if not thawed and now > start + 0.05:
-                # Still there after the kill had time to work: a member
-                # frozen by a v1 freezer sleeps through SIGKILL.
-                thawed = True
-                _thaw_v1(path)
-            time.sleep(0.005)
-        return True
+        return cgempty.empty(self.path, self.version, wait)
 
-    def teardown(self):
+    def teardown(self, wait=None):
         """Kill what is left, detach and close the program, remove the leaf.
-        Idempotent; never raises (problems go to notes).  A leaf that cannot
-        be emptied keeps its program attached (fail closed) and stays for the
-        next launch's stale cleanup, whose rmdir makes the kernel release it."""
+        Idempotent; never raises (problems go to notes).  wait: seconds the
+        killed members may take to leave (default KILL_WAIT).  A leaf that
+        cannot be emptied keeps its program attached (fail closed) and is
+        left to the reaper, which waits longer, or else to the next launch's
+        stale cleanup, whose rmdir makes the kernel release it."""
         if self._done:
             return
         self._done = True
         emptied = True
         if self.path is not None:
             try:
-                emptied = self._kill_all()
+                emptied = self._kill_all(KILL_WAIT if wait is None else wait)
             except Exception as e:   # noqa: BLE001 - teardown must finish every step
                 emptied = False
                 self.note(f"cgroup: teardown could not empty {self.path}: {e}")
@@ -165,71 +147,6 @@ class CgroupHandle:
                 first = first or e
         if first:
             raise first
-
-
-def _kill_listed(path):
-    """SIGKILL every pid listed in the cgroup tree (no cgroup.kill).  A pidfd
-    pins the pid, and re-reading cgroup.procs after opening it proves the
-    pidfd names the member rather than a process that reused its number."""
-    from gpusandbox.linux import sys as k
-    for top, _, _ in os.walk(path):
-        pids = _words(f"{top}/cgroup.procs")
-        if not pids:
-            continue
-        fds = {}
-        for p in pids:
-            try:
-                fds[p] = k.syscall("pidfd_open", int(p), 0)
-            except OSError as e:
-                if e.errno == errno.ENOSYS:
-                    _kill_pid(int(p))
-        still = set(_words(f"{top}/cgroup.procs"))
-        for p, fd in fds.items():
-            try:
-                if p in still:
-                    k.syscall("pidfd_send_signal", fd, 9, None, 0)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-
-
-def _thaw_v1(path, proc="/proc"):
-    """Members of the leaf that a cgroup v1 freezer holds (a hybrid or v1
-    host, frozen by whoever owns that freezer cgroup) sleep through SIGKILL
-    until thawed.  Moving them into the freezer hierarchy's root thaws them
-    (the kernel makes a task conform to the state of the cgroup it joins)
-    without thawing that cgroup's other tasks; their pending SIGKILL then
-    ends them.  Needs write access to the root (real root); otherwise they
-    stay, and teardown reports the leaf as left."""
-    try:
-        root = _v1_mounts(_mounts(proc)).get("freezer")
-    except OSError:
-        return
-    if root is None:
-        return
-    for top, _, _ in os.walk(path):
-        for p in _words(f"{top}/cgroup.procs"):
-            try:
-                with open(f"{proc}/{p}/cgroup") as f:
-                    frozen_in = [ln.split(":", 2)[2] for ln in f.read().splitlines()
-                                 if "freezer" in ln.split(":", 2)[1].split(",")]
-                if not frozen_in or frozen_in[0] == "/" or ".." in frozen_in[0]:
-                    continue
-                with open(f"{root}{frozen_in[0]}/freezer.state") as f:
-                    if f.read().strip() == "THAWED":
-                        continue
-                # A frozen task cannot exit, so the pid still names it here.
-                _write(f"{root}/cgroup.procs", p)
-            except (OSError, IndexError):
-                pass
-
-
-def _kill_pid(pid):
-    try:
-        os.kill(pid, 9)
-    except OSError:
-        pass
 
 
 # --- prepare ---------------------------------------------------------------------

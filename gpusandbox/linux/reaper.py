@@ -16,9 +16,17 @@ process that stays outside it, in the launcher's cgroup:
   its inherited copy at once and dies with the launcher by PDEATHSIG), read()
   returns EOF, and the reaper empties the leaf (cgroup.kill), removes it
   (which releases the BPF device program attached to it: the kernel frees a
-  removed cgroup's programs) and exits.
+  removed cgroup's programs) and exits.  The same happens when the
+  launcher's own teardown could not empty the leaf in its short wait.
 
-It is no daemon: it lives exactly as long as the launcher, plus the teardown.
+Emptying can take longer than the launcher's teardown allows itself (a
+member in uninterruptible sleep takes its SIGKILL only when that sleep
+ends): nobody waits for the reaper, so it waits for the leaf to empty for up
+to WAIT seconds (cgempty.py) before it leaves the leaf to the next launch's
+stale cleanup.  Giving up at the launcher's bound would leave the leaf
+behind for good once its last member does go.
+
+It is no daemon: it lives as long as the launcher, plus the teardown.
 It holds no fd of the caller (stdio goes to /dev/null, so `$(gpusandbox run
 ...)` is not kept waiting), sits in its own session with every signal blocked
 (a terminal's or a process group's signal meant for the job does not stop it
@@ -28,6 +36,7 @@ import os
 
 NAME = "gpusandbox-reap"     # /proc/PID/comm (15 bytes at most)
 DONE = b"D"
+WAIT = 600.0     # seconds the leaf's last members may take to leave after the kill
 
 
 def start(leaf, version):
@@ -97,4 +106,4 @@ def _run(r, leaf, version):
     h = CgroupHandle()
     h.path, h.version = leaf, version
     if os.path.isdir(leaf):
-        h.teardown()
+        h.teardown(wait=WAIT)

@@ -2,12 +2,9 @@
 run, a real root filesystem, and a real unprivileged user.
 
 The CLI is installed (not imported from the checkout) into
-/opt/gpusandbox-test/venv, built from Debian's /usr/bin/python3 so that the
-unprivileged test user can execute it wherever the checkout lives; a stamp of
-the source tree's hash skips reinstalling when nothing changed.  xdist workers
-serialise the install with a file lock.
+$GSBX_TEST_BASE/venv (default /opt/gpusandbox-test/venv) with the test hooks
+on: tests/testinstall.py, which scripts/soak uses too.
 """
-import fcntl
 import hashlib
 import os
 import pwd
@@ -21,67 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from .. import testinstall
+
 REPO = Path(__file__).resolve().parents[2]
-BASE = Path(os.environ.get("GSBX_TEST_BASE", "/opt/gpusandbox-test"))
+BASE = testinstall.base_from_env()
 VENV = BASE / "venv"
 CLI = str(VENV / "bin" / "gpusandbox")
 TEST_USER = "gsbxtest"
 ATTACK_USER = "gsbxatk"      # the second user: tests/integration/crossuser.py
 MODES = ["root", "rootless"]
-
-
-def _src_hash():
-    h = hashlib.sha256()
-    for top in ("gpusandbox", "seccomp", "bin", "pyproject.toml"):
-        p = REPO / top
-        files = [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file()
-                                                and "__pycache__" not in x.parts)
-        for f in files:
-            h.update(str(f.relative_to(REPO)).encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
-
-
-def _dependencies():
-    import tomllib
-    with open(REPO / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["dependencies"]
-
-
-def _ensure_cli():
-    BASE.mkdir(parents=True, exist_ok=True)
-    os.chmod(BASE, 0o755)
-    with open(BASE / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (VENV / "bin" / "python").exists():
-            subprocess.run(["/usr/bin/python3", "-m", "venv", str(VENV)], check=True)
-        stamp = BASE / "stamp"
-        want = _src_hash()
-        if not stamp.exists() or stamp.read_text() != want:
-            # The project's dependencies, read from pyproject.toml, so a venv
-            # made by an earlier tree gets the ones added since (pip skips
-            # what is already satisfied without asking the index).
-            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", *_dependencies(),
-                            "setuptools>=61", "wheel"], check=True)
-            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", "--no-deps",
-                            "--no-build-isolation", "--force-reinstall", str(REPO)],
-                           check=True, cwd="/")
-            stamp.write_text(want)
-        _enable_test_hooks()
-
-
-def _enable_test_hooks():
-    """The test install honours GPUSANDBOX_TEST_PAUSE (the kill -9 at each
-    setup stage tests): a root-owned marker next to the installed package,
-    which no other install has (gpusandbox.stages.channel.pause_hook_enabled)."""
-    from gpusandbox.stages.channel import TEST_MARKER
-    for pkg in VENV.glob("lib/python3*/site-packages/gpusandbox"):
-        marker = pkg / TEST_MARKER
-        if not marker.exists():
-            marker.write_text("GPUSANDBOX_TEST_PAUSE is honoured by this install (test suite)\n")
-        os.chown(marker, 0, 0)
-        os.chmod(marker, 0o644)
-
 
 MISSING_ACCOUNTS = "run scripts/test-users as root first (scripts/test does)"
 
@@ -112,7 +57,7 @@ def subid_range(user, path):
 def cli():
     if os.geteuid() != 0:
         pytest.skip("integration tests run as root (they also drive an unprivileged user)")
-    _ensure_cli()
+    testinstall.ensure(BASE)
     return CLI
 
 

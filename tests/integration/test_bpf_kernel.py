@@ -14,7 +14,7 @@ import time
 import pytest
 
 from gpusandbox.errors import CgroupError
-from gpusandbox.linux import bpfdev, cgroup
+from gpusandbox.linux import bpfdev, cgempty, cgroup
 from gpusandbox.linux import sys as k
 
 PREFIX = "gpsbtest"      # keeps these leaves apart from real launches'
@@ -276,7 +276,7 @@ def test_kill_without_cgroup_kill_file():
     h = cgroup.prepare(name_prefix=PREFIX)
     try:
         p = _sleeper_in(h)
-        cgroup._kill_listed(h.path)
+        cgempty._kill_listed(h.path)
         assert p.wait(timeout=5) == -9
     finally:
         h.teardown()

@@ -2,11 +2,14 @@
 its reaper (gpusandbox/linux/reaper.py) removes the cgroup leaf and with it
 the BPF device program.  The bound is the property itself (issue 16, item 5):
 within 2 s of the launcher's death no process, leaf or program of the sandbox
-remains.  Each test uses a cgroup parent of its own, so no other launch's
+remains; a member that takes its SIGKILL only later (uninterruptible sleep)
+is waited for, and the leaf goes once it has.  Each test uses a cgroup parent of its own, so no other launch's
 stale-leaf cleanup can do the reaper's work.
 """
+import fcntl
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 
@@ -100,3 +103,116 @@ def test_normal_exit_leaves_no_reaper_and_no_open_stdout(root_runner, rootfs, pa
     assert not pids_with(marker)
     assert _leaves(parent) == []
     os.rmdir(parent)
+
+
+@pytest.mark.slow
+def test_launcher_sigkill_beside_launches_binding_into_its_racing_image(
+        root_runner, small_rootfs, shared_tmp, parent):
+    """Issue 22's black-box case: a --rw sandbox renames a directory and a
+    symlink in its own image in a loop while 15 launches bind a host
+    directory below that path (some refused: the path changed under them),
+    then only its launcher is killed.  Its leaf goes with it."""
+    src = shared_tmp / "bindsrc"
+    src.mkdir()
+    (small_rootfs / "mnt" / "x").mkdir()
+    marker = "987.65432"
+    swapper = root_runner.popen(
+        ["--cgroup-parent", parent, "--rw", str(small_rootfs), "sh", "-c",
+         f"while :; do mv /mnt/x /mnt/x.d; ln -s {shared_tmp} /mnt/x; rm -f /mnt/x; "
+         f"mv /mnt/x.d /mnt/x; done; : {marker}"], stdout=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: len(_leaves(parent)) == 1), "the swapper did not start"
+        binders = [root_runner.popen(["-v", f"{src}:/mnt/x/sub", str(small_rootfs), "true"])
+                   for _ in range(15)]
+        for b in binders:
+            _, err = b.communicate(timeout=120)
+            assert b.returncode == 0 or (b.returncode == 125
+                                         and err.startswith("gpusandbox: error:")), err
+        leaf = _leaves(parent)
+        assert leaf, "the swapper's leaf went before its launcher"
+        os.kill(swapper.pid, signal.SIGKILL)
+        swapper.wait(timeout=10)
+        assert wait_for(lambda: not pids_with(marker), timeout=BOUND), \
+            f"processes left: {[(x, comm(x)) for x in pids_with(marker)]}"
+        assert wait_for(lambda: _leaves(parent) == [], timeout=BOUND), f"{leaf} left behind"
+    finally:
+        if swapper.poll() is None:
+            kill_quietly(swapper)
+
+
+FITHAW = 0xC0045878          # _IOWR('X', 120, int), linux/fs.h
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return None
+
+
+@pytest.mark.slow
+def test_leaf_removed_once_a_member_that_outlives_sigkill_ends(root_runner, rootfs, parent):
+    """A member can take its SIGKILL late: in uninterruptible sleep (here a
+    write on a frozen filesystem; a congested disk, FUSE or NFS alike) it
+    dies only when the sleep ends.  The reaper stays until the leaf is empty
+    and removes it then, instead of giving up after the launcher's own short
+    teardown wait and leaving the emptied leaf to some later launch."""
+    for tool in ("mkfs.ext4", "fsfreeze"):
+        if not shutil.which(tool, path="/usr/sbin:/sbin:/usr/bin:/bin"):
+            pytest.skip(f"{tool} is not installed")
+    if not os.path.exists("/dev/loop-control"):
+        pytest.skip("no loop devices here")
+    marker = "frozen-765.4321"
+    work = nsrun.scratch_dir("frozen")
+    img = work.parent / f"{work.name}.img"
+    subprocess.run(["truncate", "-s", "32M", str(img)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
+    # The filesystem exists in the launcher's private mount namespace only,
+    # frozen before the launch: the command's first write sleeps there.
+    argv = nsrun.private_mounts(
+        root_runner.argv(["--cgroup-parent", parent, "-v", f"{work}:/data", str(rootfs),
+                          "sh", "-c", f"touch /data/{marker}"]),
+        f"mount -o loop {img} {work}\nfsfreeze -f {work}")
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=root_runner.env(), cwd="/")
+    try:
+        stuck = wait_for(lambda: [x for x in pids_with(marker)
+                                  if comm(x) == "touch" and _state(x) == "D"], timeout=30)
+        assert stuck, "the command did not reach the frozen filesystem"
+        reaper = [x for x in pids_with(marker) if comm(x) == "gpusandbox-reap"]
+        assert len(reaper) == 1, "no reaper next to the launcher"
+        leaves = _leaves(parent)
+        assert len(leaves) == 1
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+        # Stuck for longer than the launcher's teardown waits (2 s), or until
+        # the reaper has given up.
+        wait_for(lambda: _state(reaper[0]) in (None, "Z"), timeout=5)
+        assert _state(stuck[0]) == "D", "the member did not stay stuck"
+        _thaw(marker)
+        assert wait_for(lambda: not pids_with(marker), timeout=10), \
+            f"processes left: {[(x, comm(x)) for x in pids_with(marker)]}"
+        assert wait_for(lambda: _leaves(parent) == [], timeout=10), f"{leaves[0]} left behind"
+    finally:
+        _thaw(marker)
+        if p.poll() is None:
+            kill_quietly(p)
+        wait_for(lambda: not pids_with(marker), timeout=10)
+        img.unlink()
+        os.rmdir(work)
+
+
+def _thaw(marker):
+    """Thaw the filesystem at /data as the sandbox's processes see it."""
+    for pid in pids_with(marker):
+        try:
+            fd = os.open(f"/proc/{pid}/root/data", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.ioctl(fd, FITHAW, 0)
+        except OSError:
+            pass                 # EINVAL: not frozen (any more)
+        finally:
+            os.close(fd)

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from gpusandbox.errors import CgroupError, UsageError
-from gpusandbox.linux import bpfdev, cgfs, cgroup
+from gpusandbox.linux import bpfdev, cgempty, cgfs, cgroup
 from gpusandbox.linux.cgroup import Limits
 
 from .test_bpfdev import run as run_bpf
@@ -47,8 +47,8 @@ class Fake:
                 old = open(p).read().replace(text, "")
                 with open(p, "w") as f:
                     f.write(" ".join(old.split() + [text.lstrip("+")]))
-        # The file helpers live in cgfs and are also used from cgroup.
-        for mod in (cgroup, cgfs):
+        # The file helpers live in cgfs and are also used from cgroup and cgempty.
+        for mod in (cgroup, cgfs, cgempty):
             monkeypatch.setattr(mod, "_write", write, raising=False)
             monkeypatch.setattr(mod, "_mkdir", self.mkdir, raising=False)
             monkeypatch.setattr(mod, "_rmdir", lambda p: shutil.rmtree(p), raising=False)
@@ -59,7 +59,7 @@ class Fake:
         # Pids in the fake tree are made up: never signal them; "killing"
         # empties the fake cgroup.procs files as the kernel would.
         self.killed = []
-        monkeypatch.setattr(cgroup, "_kill_listed", self.kill)
+        monkeypatch.setattr(cgempty, "_kill_listed", self.kill)
 
     def kill(self, path):
         self.killed.append(path)
