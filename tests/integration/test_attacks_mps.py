@@ -53,8 +53,9 @@ def victim_user(runner):
     return runner.user if runner.mode == "rootless" else None
 
 
-# A fake MPS control daemon of the attacker's: a directory of theirs whose
-# `control` socket answers every client and logs who connected.
+# A stand-in MPS control daemon (the attacker's, or root's system one): a
+# directory of its user's whose `control` socket answers every client and
+# logs who connected.
 FAKE = r"""
 import json, os, socket, struct, sys
 d = sys.argv[1]
@@ -68,7 +69,7 @@ while True:
     c, _ = s.accept()
     pid, uid, gid = struct.unpack("3i", c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     print(json.dumps({"uid": uid, "msg": c.recv(65536).decode(errors="replace")}), flush=True)
-    c.send(b"attacker was here")
+    c.send(b"fake daemon answered")
     c.close()
 """
 
@@ -97,7 +98,7 @@ def test_attacker_mps_directory_is_not_injected(runner, attack_user, sim_host, s
         fake.kill()
         out, _ = fake.communicate()
     assert r.returncode == 0, r.stderr
-    assert "attacker was here" not in r.stdout, r.stdout
+    assert "fake daemon answered" not in r.stdout, r.stdout
     assert out.strip() == "", f"the victim's client talked to the attacker: {out}"
     assert sorted(os.listdir(mpsdir)) == ["control"]
     host_path = f"{sim_host.root}/tmp/nvidia-mps"
@@ -110,6 +111,28 @@ def test_attacker_mps_directory_is_not_injected(runner, attack_user, sim_host, s
     spec = json.loads(cdi.stdout)
     assert not [m for m in spec["containerEdits"]["mounts"] if m["hostPath"] == host_path]
     assert f"gpusandbox: note: {why}" in cdi.stderr, cdi.stderr
+
+
+def test_system_mps_directory_is_injected_read_only(runner, sim_host, simtmp, rootfs):
+    """The counterpart: root's own /tmp/nvidia-mps (the system daemon's) is
+    injected, bound from the inode checked, and read-only: its socket
+    answers, nothing can be created or removed there."""
+    fake = subprocess.Popen(["python3", "-c", FAKE, str(simtmp / "nvidia-mps")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            cwd="/")
+    try:
+        assert fake.stdout.readline().strip() == "ready", fake.stderr.read()
+        r = in_ns(runner, sim_host, simtmp, ["--driver-root", sim_host.root, "--gpus", "0",
+                                             str(rootfs), "sh", "-c", SHOW])
+    finally:
+        fake.kill()
+        out, _ = fake.communicate()
+    assert r.returncode == 0, r.stderr
+    assert "fake daemon answered" in r.stdout.splitlines(), r.stdout
+    assert json.loads(out.splitlines()[0])["uid"] == runner.uid, out
+    assert "touch: cannot touch '/tmp/nvidia-mps/victim-wrote': Read-only file system" in \
+        r.stdout, r.stdout
+    assert sorted(os.listdir(simtmp / "nvidia-mps")) == ["control"]
 
 
 def test_attacker_link_to_a_private_directory_is_not_injected(runner, attack_user, test_user,
