@@ -262,7 +262,14 @@ class Daemon:
         it)."""
         ident = self.started()
         if ident is None:
-            pid = self.pid()
+            # Started by an older version: only its pid file names it.
+            try:
+                pid = self.pid()
+            except GpuError as e:
+                raise GpuError(e.what, e.why, hint="an older gpusandbox started this daemon "
+                               "and recorded nothing else of it: stop it with 'echo quit | "
+                               f"CUDA_MPS_PIPE_DIRECTORY={self.pipe} {CTL}', then remove "
+                               f"{self.dir}") from None
             if pid is None:
                 return False
             ident = (pid, _starttime(pid))
