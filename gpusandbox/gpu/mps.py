@@ -95,10 +95,10 @@ class Daemon:
 
     def _pid_file(self):
         """The pid the daemon's pid file names, or None without one.  The
-        file lies in a directory sandboxes saw (read-only now; writable in
-        older versions): read by descriptor, never following a link, never
-        blocking on a FIFO, only a regular file of the caller's.  GpuError
-        for anything else."""
+        file lies in a directory every sandbox of this daemon sees, and a
+        FIFO or a link there would stall or mislead every later status and
+        launch: read by descriptor, never following a link, never blocking,
+        only a regular file of the caller's.  GpuError for anything else."""
         from gpusandbox import rundir
         try:
             fd = rundir.trusted_dir(self.pipe)
