@@ -36,14 +36,20 @@ class Mount:
     """A read-only (unless 'rw' in options) bind mount of a host file or dir.
 
     options: subset of {"ro", "rw", "nosuid", "nodev", "noexec"}.
-    kind: "dir" or "file", filled in by the plan from the host path."""
-    __slots__ = ("host_path", "path", "options", "kind")
+    kind: "dir" or "file", filled in by the plan from the host path.
+    ident: (st_dev, st_ino) the host path had when it was checked (a
+    directory in a place other users can write, such as the MPS pipe
+    directory): the init binds that inode, reached without a symlink, or
+    fails; None for paths bound as named."""
+    __slots__ = ("host_path", "path", "options", "kind", "ident")
 
-    def __init__(self, host_path, path, options=("ro", "nosuid", "nodev"), kind=None):
+    def __init__(self, host_path, path, options=("ro", "nosuid", "nodev"), kind=None,
+                 ident=None):
         self.host_path = host_path
         self.path = path
         self.options = tuple(options)
         self.kind = kind
+        self.ident = ident
 
     def __repr__(self):
         return f"Mount({self.host_path!r} -> {self.path!r} {','.join(self.options)})"

@@ -171,6 +171,27 @@ def trusted_dir(path, uid=None, own=True, links=False, make=None):
             os.close(fd)
 
 
+def read_owned(dir_fd, name, limit, uid=None):
+    """At most `limit` bytes of regular file `name` in the directory held by
+    `dir_fd`, which must be `uid`'s (default: the caller's).  Opened without
+    following a link and without blocking (a FIFO or a device planted under
+    that name must neither stall the caller nor lead it to another file),
+    checked on the opened inode.  Taken when it is not such a file; OSError
+    (ENOENT, ELOOP) as the kernel says."""
+    uid = os.geteuid() if uid is None else uid
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY,
+                 dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Taken(name, "not a regular file", True)
+        if st.st_uid != uid:
+            raise Taken(name, f"owned by uid {st.st_uid}, not by uid {uid}", True)
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
 def ensure_dir(parent_fd, parent, name, mode):
     """parent/name as a directory of the caller's with exactly `mode`: made
     when missing, repaired when the caller's with another mode; Taken when

@@ -23,7 +23,11 @@ GpuHost fields (read by select, inject, report, sim tests, slurm, doctor):
     firmware        list[str]: host paths of <root>/lib/firmware/nvidia/<version>/gsp*.bin
     configs         list[(capability, container path, host path)]: ICD/vendor JSON files
     ipc             dict: "persistenced", "fabricmanager" -> (container path, host path) of the
-                    sockets, "mps" -> (container path, host path) of the MPS pipe directory
+                    sockets, "mps" -> (container path, host path) of the MPS pipe directory,
+                    only when it passes rundir's rule for a shared place (see _mps_dir)
+    pinned          dict: host path -> (st_dev, st_ino) of each directory checked by
+                    descriptor here; the init binds that very inode or none
+    notes           list[(capability, str)]: what discovery left out on purpose, and why
     problems        list[str]: every device-node mismatch or oddity found (never used, reported)
 Gpu: index, minor, model, uuid (None when the driver hides it), bus_id ("0000:06:00.0"),
     proc_dir (host path of .../gpus/<bus id>), node (DevNode of /dev/nvidia<minor>)
@@ -114,7 +118,8 @@ class MigDevice:
 
 class GpuHost:
     __slots__ = ("driver_root", "proc_root", "dev_root", "version", "majors", "frontend_name", "gpus",
-                 "migs", "control", "libs", "bins", "firmware", "configs", "ipc", "problems")
+                 "migs", "control", "libs", "bins", "firmware", "configs", "ipc", "problems",
+                 "pinned", "notes")
 
     def path(self, p):
         """Host path of `p` (absolute, as seen from the driver root)."""
@@ -362,11 +367,42 @@ def _files(host, resolve, environ):
         real = resolve(cpath, stat.S_ISSOCK)
         if real is not None:
             host.ipc[key] = (cpath, real)
-    mps = (environ or {}).get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
-    if mps.startswith("/"):
-        real = resolve(mps, stat.S_ISDIR)
-        if real is not None:
-            host.ipc["mps"] = (mps, real)
+    _mps_dir(host, (environ or {}).get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+
+
+def _mps_dir(host, mps):
+    """The MPS pipe directory, injected only when it passes rundir's rule for
+    a shared place: /tmp/nvidia-mps is a name any local user can take (a
+    link to /root, another user's private directory, a directory of theirs
+    with a fake control socket), so the path is walked from / by descriptor
+    without following a link, every component root's or the caller's and
+    closed to others' writes (a sticky /tmp aside), the directory itself
+    root's (the system daemon) or the caller's.  Its inode is kept: the
+    sandbox's init binds that one or fails.  Anything else is left out with
+    a note (`list`, `run --verbose`)."""
+    from gpusandbox import rundir
+    if not mps.startswith("/"):
+        return
+    # The driver root is the caller's own choice; below it is the shared place.
+    path = os.path.realpath(host.driver_root).rstrip("/") + "/" + mps.strip("/")
+    try:
+        fd = rundir.trusted_dir(path, own=False)
+    except rundir.Taken as e:
+        why = e.why if e.path == path else f"{e.path}: {e.why}"
+        host.notes.append(("compute", f"MPS pipe directory {path} not injected: {why}"))
+        return
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            why = ("a symlink or a non-directory at or above it" if e.errno in (
+                errno.ELOOP, errno.ENOTDIR) else os.strerror(e.errno))
+            host.notes.append(("compute", f"MPS pipe directory {path} not injected: {why}"))
+        return
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    host.ipc["mps"] = (mps, path)
+    host.pinned[path] = (st.st_dev, st.st_ino)
 
 
 def discover(driver_root="/", dev_root=None, environ=None):
@@ -384,6 +420,8 @@ def discover(driver_root="/", dev_root=None, environ=None):
     host.proc_root = proc_root(root)
     host.dev_root = os.path.abspath(dev_root) if dev_root else os.path.join(root, "dev")
     host.problems = []
+    host.notes = []
+    host.pinned = {}
     host.version = _version(host)
     host.majors, host.frontend_name = _majors(host)
     host.gpus = _gpus(host)

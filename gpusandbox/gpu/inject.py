@@ -17,9 +17,12 @@ from gpusandbox.linux.sys import kind_in_root, read_file, read_in_root
 
 RO = ("ro", "nosuid", "nodev")
 RO_PROC = ("ro", "nosuid", "nodev", "noexec")
-# MPS clients and the control daemon talk through pipes in this directory,
-# so it is shared writable (never executable).
-RW_IPC = ("rw", "nosuid", "nodev", "noexec")
+# MPS clients reach the control daemon through the sockets and pipes in its
+# pipe directory; connecting to a socket or opening a FIFO needs no write
+# access to the mount (only creating or removing entries does), so it is
+# shared read-only: a sandbox that could write there could replace the
+# `control` socket every other client and `mps down` talk to.
+MPS_IPC = ("ro", "nosuid", "nodev", "noexec")
 # The pieces each capability is for, and what a launch does without them
 # (README "GPUs" and docs/doctor.md carry the same table):
 #   "fatal": the capability can do nothing at all without it: the launch fails;
@@ -68,7 +71,8 @@ class Injection:
     libs: Library list; bins: [(name, host path)]; firmware: [host path];
     configs/ipc/proc: [(container path, host path, mount options)];
     missing: [Missing] the host lacks, none of them fatal."""
-    __slots__ = ("caps", "nodes", "libs", "bins", "firmware", "configs", "ipc", "proc", "missing")
+    __slots__ = ("caps", "nodes", "libs", "bins", "firmware", "configs", "ipc", "proc", "missing",
+                 "skipped")
 
 
 class Missing:
@@ -202,8 +206,9 @@ def plan(host, sel):
         ipc += [host.ipc[k] + (RO_PROC,) for k in ("persistenced", "fabricmanager")
                 if k in host.ipc]
     if "compute" in caps and "mps" in host.ipc:
-        ipc.append(host.ipc["mps"] + (RW_IPC,))
+        ipc.append(host.ipc["mps"] + (MPS_IPC,))
     inj.ipc = ipc
+    inj.skipped = [text for cap, text in host.notes if cap in caps]
     proc = [("/proc/driver/nvidia/version", host.proc("/proc/driver/nvidia/version"), RO_PROC)]
     for g in sel.node_gpus():
         proc.append((f"/proc/driver/nvidia/gpus/{g.bus_id}", g.proc_dir, RO_PROC))
@@ -331,7 +336,9 @@ def build_edits(host, sel, image_root, environ=None, private=False, notes=None, 
                 notes.append(f"--rw: {cpath} is not in the image; not injected "
                              "(the image is never modified for GPU files)")
             continue
-        edits.mounts.append(Mount(host_path, cpath, opts))
+        edits.mounts.append(Mount(host_path, cpath, opts, ident=host.pinned.get(host_path)))
+    if notes is not None:
+        notes += inj.skipped
 
     if compat is not None and compat.use:
         from gpusandbox.gpu.compat import prefer

@@ -14,8 +14,19 @@ own where <gpu>/shm is its /dev/shm (rootless: a user namespace mapping only
 the caller's ids): the server's cuda.shm.* segments land there, and sandboxes
 get that directory as their /dev/shm, not the host's.  It stays in the host's
 pid namespace.  It outlives the launch that started it: `gpusandbox mps down`
-stops it (the control client's `quit`).
+stops it (the control client's `quit`), and only the daemon it started: the
+daemon's pid and start time are recorded in state.json when it starts, and
+`down` sends `quit` only while that process lives and reports it stopped
+only once that process is gone.
+
+Sandboxes get pipe/ read-only and shm/ read-write.  The host side reads
+only the pid file in pipe/, by descriptor (rundir.read_owned: no link
+followed, no blocking open, a regular file of the caller's).  shm/ is the
+daemon's /dev/shm, which a sandbox can write: in the daemon's own mount
+namespace it is mounted nosymfollow, so a link a sandbox planted there
+never leads the server (root's, for root) to another file.
 """
+import errno
 import json
 import os
 import subprocess
@@ -27,6 +38,7 @@ SUN_PATH_MAX = 107          # sun_path holds 108 bytes with the NUL
 _LONGEST = "control_privileged"
 _START_WAIT = 10.0
 CTL = "nvidia-cuda-mps-control"
+PID_FILE = "nvidia-cuda-mps-control.pid"
 
 
 def gpu_key(gpu):
@@ -81,20 +93,55 @@ class Daemon:
                            hint="install the driver's MPS binaries (Debian: nvidia-cuda-mps)")
         return path
 
+    def _pid_file(self):
+        """The pid the daemon's pid file names, or None without one.  The
+        file lies in a directory every sandbox of this daemon sees, and a
+        FIFO or a link there would stall or mislead every later status and
+        launch: read by descriptor, never following a link, never blocking,
+        only a regular file of the caller's.  GpuError for anything else."""
+        from gpusandbox import rundir
+        try:
+            fd = rundir.trusted_dir(self.pipe)
+        except OSError:
+            return None
+        except rundir.Taken as e:
+            raise self._bad_pid_file(e.path, e.why) from None
+        try:
+            data = rundir.read_owned(fd, PID_FILE, 32)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise self._bad_pid_file(os.path.join(self.pipe, PID_FILE),
+                                     "a symlink" if e.errno == errno.ELOOP else e.strerror
+                                     ) from None
+        except rundir.Taken as e:
+            raise self._bad_pid_file(os.path.join(self.pipe, PID_FILE), e.why) from None
+        finally:
+            os.close(fd)
+        try:
+            pid = int(data.strip() or 0)
+        except ValueError:
+            return None
+        return pid if pid > 0 else None
+
+    def _bad_pid_file(self, path, why):
+        return GpuError(f"MPS daemon for GPU {self.gpu.index}", f"{path}: {why}",
+                        hint=f"'gpusandbox mps down --gpus {self.gpu.index}' stops the daemon "
+                             "it started and removes its directory")
+
     def pid(self):
         """The daemon's pid when it runs and is ours; None when none runs.
-        Raises GpuError when the pid file names another user's process."""
-        try:
-            with open(os.path.join(self.pipe, "nvidia-cuda-mps-control.pid")) as f:
-                pid = int(f.read(32).strip() or 0)
-        except (OSError, ValueError):
-            return None
-        if pid <= 0:
+        Raises GpuError when the pid file names another user's process, or
+        is not a regular file of the caller's."""
+        pid = self._pid_file()
+        if pid is None:
             return None
         try:
             st = os.stat(f"/proc/{pid}")
         except OSError:
             return None
+        if not _alive(pid, _starttime(pid)):
+            return None     # a zombie: the daemon is gone, its reaper late
         if st.st_uid != os.geteuid():
             raise GpuError(f"MPS daemon for GPU {self.gpu.index}",
                            f"pid {pid} serving {self.pipe} belongs to uid {st.st_uid}",
@@ -137,6 +184,9 @@ class Daemon:
                                    f"no control socket in {self.pipe} after {_START_WAIT:g} s",
                                    hint=f"see {self.log}/control.log")
                 time.sleep(0.02)
+            # Who `down` may stop: this process, while it lives.
+            pid = self.pid()
+            self.write_state(daemon={"pid": pid, "start": _starttime(pid)})
             return True
         finally:
             os.close(lock)
@@ -195,21 +245,65 @@ class Daemon:
                            [f"exit status {res.returncode}"])
         return res.stdout.strip()
 
+    def started(self):
+        """(pid, start time) of the daemon start() recorded, or None (none
+        recorded: one started by an older version, or none at all)."""
+        rec = self.read_state().get("daemon")
+        if isinstance(rec, dict) and isinstance(rec.get("pid"), int) and rec["pid"] > 0 \
+                and isinstance(rec.get("start"), int):
+            return rec["pid"], rec["start"]
+        return None
+
     def stop(self):
-        pid = self.pid()
-        if pid is None:
+        """Send `quit` to the daemon start() started, and wait until that
+        process is gone.  False when it no longer runs (nothing is sent: the
+        pid file or the socket may name another process by now); GpuError
+        when it still runs after `quit` (the control socket did not reach
+        it)."""
+        ident = self.started()
+        if ident is None:
+            # Started by an older version: only its pid file names it.
+            try:
+                pid = self.pid()
+            except GpuError as e:
+                raise GpuError(e.what, e.why, hint="an older gpusandbox started this daemon "
+                               "and recorded nothing else of it: stop it with 'echo quit | "
+                               f"CUDA_MPS_PIPE_DIRECTORY={self.pipe} {CTL}', then remove "
+                               f"{self.dir}") from None
+            if pid is None:
+                return False
+            ident = (pid, _starttime(pid))
+        pid, start = ident
+        if not _alive(pid, start):
             return False
         self.command("quit")
         deadline = time.monotonic() + _START_WAIT
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        while _alive(pid, start) and time.monotonic() < deadline:
             time.sleep(0.02)
+        if _alive(pid, start):
+            raise GpuError(f"MPS daemon for GPU {self.gpu.index} (pid {pid}) still runs after "
+                           "'quit'", f"the control socket in {self.pipe} did not reach it",
+                           hint=f"stop it with 'kill {pid}' (it is yours), then run "
+                                f"'gpusandbox mps down --gpus {self.gpu.index}' again")
         return True
+
+    def _started_alive(self):
+        ident = self.started()
+        return ident is not None and _alive(*ident)
 
     def remove(self):
         """Remove the daemon's directory once it has stopped (pipe, shm,
-        leases, state and log): nothing of a stopped daemon is kept."""
+        leases, state and log): nothing of a stopped daemon is kept.  A pid
+        file that is not a plain file of the caller's is removed with it
+        when the recorded daemon is gone."""
         import shutil
-        if self.pid() is None and _owned_private(self.dir, os.geteuid()):
+        try:
+            if self.pid() is not None:
+                return
+        except GpuError:
+            if self._started_alive():
+                return
+        if _owned_private(self.dir, os.geteuid()):
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def status(self):
@@ -247,7 +341,7 @@ def _spawn(exe, env, shm):
                     with open(f"/proc/self/{name}", "w") as f:
                         f.write(text)
             k.mount(None, "/", None, _MS_REC | _MS_SLAVE)
-            k.mount(shm, "/dev/shm", None, _MS_BIND)
+            _bind_shm(k, shm)
             os.chdir("/")
             # The daemon outlives the launch: it must not hold the caller's
             # stdio (a `$(gpusandbox run ...)` would wait for it).
@@ -270,7 +364,26 @@ def _spawn(exe, env, shm):
                        hint="'gpusandbox doctor' checks namespaces and the driver's MPS binaries")
 
 
-_MS_BIND, _MS_REC, _MS_SLAVE = 4096, 16384, 1 << 19
+_MS_REC, _MS_SLAVE = 16384, 1 << 19
+
+
+def _bind_shm(k, shm):
+    """shm/ at /dev/shm in the daemon's mount namespace, nosymfollow (and
+    nosuid, nodev): sandboxes write there, and the server (root's, for
+    root's daemon) must never follow a link one of them planted to a file
+    of the host's; fs.protected_symlinks does not stop root following a
+    link root's sandbox made."""
+    clone = k.open_tree(k.AT_FDCWD, shm, k.OPEN_TREE_CLONE | k.OPEN_TREE_CLOEXEC)
+    try:
+        k.mount_setattr(clone, k.MOUNT_ATTR_NOSYMFOLLOW | k.MOUNT_ATTR_NOSUID
+                        | k.MOUNT_ATTR_NODEV, recursive=False)
+        target = os.open("/dev/shm", k.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            k.move_mount(clone, target, "binding the daemon's shm/ at /dev/shm")
+        finally:
+            os.close(target)
+    finally:
+        os.close(clone)
 
 
 def _starttime(pid):
@@ -280,6 +393,19 @@ def _starttime(pid):
             return int(f.read().rpartition(")")[2].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _alive(pid, start):
+    """Whether process `pid` with start time `start` still runs (a zombie
+    waiting for its reaper does not)."""
+    if start is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return fields[0] not in ("Z", "X") and int(fields[19]) == start
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def _live_leases(leases):

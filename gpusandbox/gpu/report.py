@@ -116,6 +116,7 @@ def list_data(host, sel):
         "ipc": [hp for _c, hp, _o in inj.ipc],
         "proc": [hp for _c, hp, _o in inj.proc],
         "missing": [{"capability": m.cap, "piece": m.piece, "fix": m.fix} for m in inj.missing],
+        "skipped": list(inj.skipped),
         "warning": inject.warning(inj),
     }
 
@@ -149,6 +150,8 @@ def main_list(argv):
         print(f"{group}:")
         for path in data[group]:
             print(f"  {path}")
+    for line in data["skipped"]:
+        print(f"skipped: {line}")
     print(f"sharing: {data['sharing']}")
     return 0
 

@@ -26,6 +26,10 @@ from gpusandbox.linux import cgfs
 
 PIPE_INSIDE = "/run/nvidia-mps"
 RW_IPC = ("rw", "nosuid", "nodev", "noexec")
+# The pipe directory is read-only inside (gpu/inject.py MPS_IPC): a sandbox
+# that could unlink `control` and bind its own socket there would serve every
+# other sandbox's client and receive the host's `mps down`.
+RO_IPC = ("ro", "nosuid", "nodev", "noexec")
 
 
 def parse_memory(text):
@@ -240,7 +244,7 @@ def apply(plan, spec, host, sel, edits, host_env):
     mps_ipc = host.ipc.get("mps")
     if mps_ipc:
         edits.mounts[:] = [m for m in edits.mounts if m.host_path != mps_ipc[1]]
-    edits.mounts.append(Mount(daemon.pipe, PIPE_INSIDE, RW_IPC, kind="dir"))
+    edits.mounts.append(Mount(daemon.pipe, PIPE_INSIDE, RO_IPC, kind="dir"))
     edits.mounts.append(Mount(daemon.shm, "/dev/shm", RW_IPC, kind="dir"))
     # Admin commands (quit, limits) go through control_privileged: an empty
     # read-only file stands over it inside.

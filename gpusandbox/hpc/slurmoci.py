@@ -23,6 +23,17 @@ cgroup lets this task open (ConstrainDevices=yes): exactly the task's allocation
 Without any denied device nothing tells which GPUs are the task's, and it gets none
 (with a note).
 
+A site may run RunTimeRun as root (a wrapper, a root job).  The bundle's
+environment is then still the job's -- the user's own config.json and the
+task's variables -- and must not steer the host side of a root launch: a
+PMIX_SERVER_TMPDIR, CUDA_MPS_PIPE_DIRECTORY or GPUSANDBOX_CDI_SPEC_DIRS of
+the user's choosing would otherwise bind or mount any host directory into a
+root sandbox.  As real root, `run` therefore keeps the launcher's own
+environment, hands the task's job variables (environ.JOB_PREFIXES) to the
+command as data (`-e`, which nothing on the host side reads), and takes
+`--gpus auto` from the task's device cgroup alone; PMIx directories the job
+names are not bound (a note says so).
+
 The sandbox lives exactly as long as the RunTimeRun process (a launcher never
 outlives its sandbox), and slurmstepd asks for the state only after that process
 ended: `state` therefore reports "stopped", `kill` has nothing to signal and
@@ -115,12 +126,13 @@ def _opt(opts, name):
     return val
 
 
-def _gpus_from_cgroup(opts, environ):
+def _gpus_from_cgroup(opts, environ, trust_env=True):
     """opts with `--gpus auto` replaced by the GPUs this task's device cgroup allows,
-    when the bundle brought no GPU variable; opts unchanged otherwise."""
+    when the bundle brought no GPU variable (or, with trust_env False, whatever
+    it brought); opts unchanged otherwise."""
     from .. import slurm
-    if _opt(opts, "--gpus") != "auto" or slurm.in_gpu_step(environ) or \
-            "SLURM_STEP_ID" not in environ:
+    if _opt(opts, "--gpus") != "auto" or \
+            (trust_env and (slurm.in_gpu_step(environ) or "SLURM_STEP_ID" not in environ)):
         return opts
     from ..gpu import discover
     host = discover.discover(_opt(opts, "--driver-root") or "/", _opt(opts, "--dev-root"))
@@ -142,6 +154,22 @@ def _gpus_from_cgroup(opts, environ):
     return out
 
 
+def _as_root(opts, task):
+    """Run options for a root launcher: the task's job variables as `-e`
+    data, the GPUs from the device cgroup; the launcher's environment stays
+    its own (see the module's docstring)."""
+    from ..environ import JOB_PREFIXES
+    opts = _gpus_from_cgroup(opts, task, trust_env=False)
+    named = [k for k in ("PMIX_SERVER_TMPDIR", "PMIX_SYSTEM_TMPDIR") if task.get(k)]
+    if named:
+        sys.stderr.write(f"gpusandbox: note: slurm-oci as root: {', '.join(named)} of the "
+                         "job's environment not bound (a root launch binds no directory a "
+                         "job names)\n")
+    data = [a for k, v in task.items() if k.startswith(JOB_PREFIXES) and "\0" not in k + v
+            for a in ("-e", f"{k}={v}")]
+    return [*opts, *data]
+
+
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
@@ -152,13 +180,18 @@ def main(argv):
             raise UsageError("slurm-oci run: no BUNDLE", None, USAGE.splitlines()[0])
         opts, bundle = rest[:-1], rest[-1]
         image, args, env = read_step_config(bundle)
-        node = os.environ.get("SLURMD_NODENAME")
-        os.environ.clear()
-        os.environ.update(_environment(env))
-        if node:
-            # slurmstepd's own variable, the one per-task fact its environment has.
-            os.environ["SLURMD_NODENAME"] = node
-        opts = _gpus_from_cgroup(opts, os.environ)
+        task = _environment(env)
+        from ..linux.host import real_root
+        if real_root():
+            opts = _as_root(opts, task)
+        else:
+            node = os.environ.get("SLURMD_NODENAME")
+            os.environ.clear()
+            os.environ.update(task)
+            if node:
+                # slurmstepd's own variable, the one per-task fact its environment has.
+                os.environ["SLURMD_NODENAME"] = node
+            opts = _gpus_from_cgroup(opts, os.environ)
         from ..cli import main_run
         code = main_run([*opts, image, "--", *args])
         sys.stdout.flush()

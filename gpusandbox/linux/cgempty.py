@@ -13,7 +13,6 @@ launcher's teardown has a user waiting for the exit status, the reaper
 """
 import errno
 import os
-import select
 import time
 
 from .cgfs import _mounts, _populated, _v1_mounts, _words, _write
@@ -89,6 +88,7 @@ def _holds_processes(path, events):
 
 
 def _wait_event(fd, timeout):
+    import select     # off OCI create's import path (tests/unit/test_oci_fastjson.py)
     p = select.poll()
     p.register(fd, select.POLLPRI)
     try:

@@ -124,7 +124,7 @@ def _open_sources(edits):
     for mnt in edits.mounts:
         if mnt.kind is None:
             mnt.kind = "dir" if os.path.isdir(mnt.host_path) else "file"
-        mounts.append((mnt, m.clone_tree(mnt.host_path, recursive=False)))
+        mounts.append((mnt, m.clone_source(mnt)))
     return nodes, mounts
 
 

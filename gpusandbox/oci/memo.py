@@ -71,7 +71,8 @@ def observe(kind, path):
     small /proc file), "list" its sorted names, "isfile" whether it is a
     regular file, "stat" the identity of the file it leads to (through
     symlinks: a link retargeted at another file shows another inode), "node"
-    only its type and inode (a directory whose entries come and go).  An
+    only its type and inode (a directory whose entries come and go), "owner"
+    the name's own type, mode, inode and owner (not following a link).  An
     error (ENOENT) is a value too."""
     try:
         if kind == "stat":
@@ -79,6 +80,9 @@ def observe(kind, path):
         if kind == "node":
             st = os.stat(path)
             return stat.S_IFMT(st.st_mode), st.st_ino, st.st_dev
+        if kind == "owner":
+            st = os.lstat(path)
+            return st.st_mode, st.st_ino, st.st_dev, st.st_uid
         if kind == "isfile":
             return os.path.isfile(path)
         if kind == "list":
@@ -146,8 +150,10 @@ def watch_list(host, edits):
         out += [("stat", root + cpath), ("stat", root + os.path.dirname(cpath))]
     for cpath in ("/var/run/nvidia-persistenced/socket", "/var/run/nvidia-fabricmanager/socket"):
         out.append(("stat", root + cpath))
-    # The MPS pipe directory changes with every client: its inode is what counts.
-    out.append(("node", root + "/tmp/nvidia-mps"))
+    # The MPS pipe directory changes with every client: its inode is what
+    # counts, and whether it passes discovery's owner and mode check (the
+    # name itself, never what a link there leads to).
+    out.append(("owner", root + "/tmp/nvidia-mps"))
     if edits is not None:
         out += [("stat", n.host_path) for n in edits.device_nodes]
         # Not what goes under /proc (configedit.apply leaves it out): procfs
@@ -261,7 +267,8 @@ def _ser(edits):
     if edits is None:
         return None
     return ([(n.path, n.host_path, n.major, n.minor, n.permissions) for n in edits.device_nodes],
-            [(m.host_path, m.path, tuple(m.options), m.kind) for m in edits.mounts],
+            [(m.host_path, m.path, tuple(m.options), m.kind,
+              tuple(m.ident) if m.ident else None) for m in edits.mounts],
             [(s.path, s.target) for s in edits.symlinks],
             [(f.path, bytes(f.content), f.mode) for f in edits.files],
             [(t.path, t.ro) for t in edits.tmpfs],

@@ -37,8 +37,7 @@ def _open_sources(plan):
             nodes.append((node, m.clone_tree("", recursive=False, dirfd=fd)))
         finally:
             os.close(fd)
-    mounts = [(mnt, m.clone_tree(mnt.host_path, recursive=False))
-              for mnt in plan.edits.mounts]
+    mounts = [(mnt, m.clone_source(mnt)) for mnt in plan.edits.mounts]
     binds = [(b, m.clone_tree(b.src, recursive=True)) for b in plan.binds]
     return src, nodes, mounts, binds
 

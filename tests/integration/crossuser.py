@@ -43,11 +43,12 @@ class Canaries:
         self.before = {}
 
     @classmethod
-    def plant(cls, base, users=()):
+    def plant(cls, base, users=(), root_dir="/root"):
         """A canary directory per user in `base` (made reachable), and one
-        under /root."""
+        of root's under `root_dir` (/root; a test's private /tmp stand-in
+        where root's private directory must be one there)."""
         os.chmod(base, 0o755)
-        dirs = {"root": tempfile.mkdtemp(prefix="gsbx-canary-", dir="/root")}
+        dirs = {"root": tempfile.mkdtemp(prefix="gsbx-canary-", dir=root_dir)}
         for u in users:
             d = os.path.join(base, f"canary-{u.pw_name}")
             os.mkdir(d, 0o700)

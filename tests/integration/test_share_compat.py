@@ -186,7 +186,7 @@ def test_sharing_refusals(runner, sim_host, rootfs, shared_tmp):
     os.chown(run_dir, uid, gid)
     (run_dir / "gpusandbox").mkdir(mode=0o755)     # root's, not the caller's
     _bad(runner.run(base + ["--gpus", "0", "--gpu-memory", "1G", str(rootfs), "true"],
-                    env={"XDG_RUNTIME_DIR": str(run_dir)}), "MPS directory")
+                    env={"XDG_RUNTIME_DIR": str(run_dir)}), "runtime directory")
 
 
 # --- forward compatibility ---------------------------------------------------

@@ -66,6 +66,18 @@ def test_gpu_check_mps_dry_run(cli, sim_host, rootfs, shared_tmp, test_user, roo
         assert f"journal: daemon of uid {uid} for {uuid}" in lines, log
         assert (f"journal: clients (uid, limit, pipe): [({uid}, '0=2048M', '/run/nvidia-mps'), "
                 f"({uid}, '0=4096M', '/run/nvidia-mps')]") in lines, log
+    # The MPS items of issue 23, as far as the stand-in shows them.
+    for role in ("A", "B"):
+        assert lines.count(f"{role}: pipe directory read-only, control_privileged masked") == 2
+    for who in ("root", "rootless"):
+        for kind, why in (("fifo", "not a regular file"), ("link", "a symlink")):
+            assert any(ln.startswith(f"{who}: mps status with a {kind} pid file: exit 0: ")
+                       and ln.endswith(why) for ln in lines), log
+            assert any(ln.startswith(f"{who}: run --gpu-memory with a {kind} pid file: exit "
+                                     "125: ") for ln in lines), log
+        assert f"{who}: mps down: exit 0, stopped: True" in lines, log
+        assert any(ln.startswith(f"== {who}: /tmp/nvidia-mps -> /root: skipped: MPS pipe "
+                                 "directory ") for ln in lines), log
     assert "GPU 1 compute mode, MIG mode after: Default, Disabled" in lines, log
     assert lines[-1].startswith("gpu-check-mps: dry run passed: the wiring only"), log
     # The daemons it started are down, their directories gone.

@@ -83,6 +83,71 @@ def test_mps_pipe_directory_from_environment(fake):
     assert h.ipc["mps"] == ("/run/mps-elsewhere", fake.p("run/mps-elsewhere"))
 
 
+def _mps_env(fake, name, make):
+    """discover() with CUDA_MPS_PIPE_DIRECTORY=/name, after make(host path)."""
+    path = fake.p(name)
+    if os.path.lexists(path):
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.unlink(path)
+        else:
+            shutil.rmtree(path)
+    make(path)
+    return discover.discover(fake.root, environ={"CUDA_MPS_PIPE_DIRECTORY": "/" + name})
+
+
+def test_mps_pipe_directory_is_held_by_its_inode(fake, host):
+    path = fake.p("tmp/nvidia-mps")
+    st = os.stat(path)
+    assert host.pinned[path] == (st.st_dev, st.st_ino)
+    assert host.notes == []
+
+
+@pytest.mark.parametrize("kind, why", [
+    ("link", "a symlink or a non-directory at or above it"),
+    ("open", "mode 0777"),
+    ("file", "a symlink or a non-directory at or above it"),
+])
+def test_mps_pipe_directory_others_could_plant_is_left_out(fake, kind, why):
+    """/tmp/nvidia-mps is a name any user can take: a link (to a private
+    directory), a directory others can write to, or no directory at all is
+    never injected, and the note says why."""
+    def make(path):
+        if kind == "link":
+            os.makedirs(fake.p("srv/private"), exist_ok=True)
+            os.symlink("/srv/private", path)
+        elif kind == "open":
+            os.mkdir(path)
+            os.chmod(path, 0o777)
+        else:
+            with open(path, "w"):
+                pass
+    h = _mps_env(fake, f"mps-{kind}", make)
+    assert "mps" not in h.ipc and h.pinned == {}
+    assert len(h.notes) == 1 and h.notes[0][0] == "compute", h.notes
+    assert h.notes[0][1].startswith(f"MPS pipe directory {fake.p('mps-' + kind)} not injected: ")
+    assert why in h.notes[0][1], h.notes
+
+
+@pytest.mark.skipif(not fx.IS_ROOT, reason="giving a directory to another user needs root")
+def test_mps_pipe_directory_of_another_user_is_left_out(fake):
+    h = _mps_env(fake, "mps-other", lambda p: (os.mkdir(p, 0o755), os.chown(p, 65534, 65534)))
+    assert "mps" not in h.ipc
+    assert "owned by uid 65534" in h.notes[0][1], h.notes
+
+
+def test_mps_pipe_directory_walked_from_the_real_root(tmp_path):
+    """The check walks the host path from /: with the driver root /, a link
+    at the MPS path (`ln -s /root /tmp/nvidia-mps`) is not followed."""
+    os.chmod(tmp_path, 0o755)
+    os.symlink("/root", tmp_path / "nvidia-mps")
+    host = discover.GpuHost()
+    host.driver_root, host.ipc, host.pinned, host.notes = "/", {}, {}, []
+    discover._mps_dir(host, str(tmp_path / "nvidia-mps"))
+    assert host.ipc == {} and host.pinned == {}
+    assert host.notes == [("compute", f"MPS pipe directory {tmp_path}/nvidia-mps not "
+                           "injected: a symlink or a non-directory at or above it")]
+
+
 def test_mig_devices(fake, host):
     assert [(m.gpu.index, m.gi, m.ci) for m in host.migs] == [(1, 1, 0), (1, 2, 0)]
     m = host.migs[1]

@@ -131,6 +131,11 @@ def test_binaries_firmware_ipc_by_capability(fake, host, image):
     m = mounts(e)
     assert "/usr/bin/nvidia-smi" not in m and "/usr/bin/nvidia-cuda-mps-server" in m
     assert m["/tmp/nvidia-mps"].host_path == fake.p("tmp/nvidia-mps")
+    # Read-only (a sandbox must not replace the daemon's sockets), and bound
+    # from the inode discovery checked.
+    assert m["/tmp/nvidia-mps"].options == ("ro", "nosuid", "nodev", "noexec")
+    st = os.stat(fake.p("tmp/nvidia-mps"))
+    assert m["/tmp/nvidia-mps"].ident == (st.st_dev, st.st_ino)
     assert m["/etc/OpenCL/vendors/nvidia.icd"]
 
 

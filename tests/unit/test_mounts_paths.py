@@ -206,3 +206,26 @@ def test_open_target_a_target_that_appears_during_the_walk(tree, monkeypatch):
     finally:
         os.close(got)
         os.close(fd)
+
+
+# --- a checked host source (edits.Mount.ident) ----------------------------------
+
+def test_checked_source_is_refused_once_replaced_or_a_link(tmp_path):
+    """A directory checked where other users can write (the MPS pipe
+    directory) is bound only as the inode that was checked: a link in its
+    place, or another directory under its name, is refused before any
+    mount call."""
+    from gpusandbox.edits import Mount
+    d = tmp_path / "nvidia-mps"
+    d.mkdir()
+    st = os.stat(d)
+    d.rename(tmp_path / "moved")
+    d.mkdir()
+    with pytest.raises(m.MountError) as e:
+        m.clone_source(Mount(str(d), "/tmp/nvidia-mps", ident=(st.st_dev, st.st_ino)))
+    assert e.value.errno == errno.ESTALE and "was replaced" in str(e.value)
+    d.rmdir()
+    d.symlink_to(tmp_path / "moved")
+    with pytest.raises(m.MountError) as e:
+        m.clone_source(Mount(str(d), "/tmp/nvidia-mps", ident=(st.st_dev, st.st_ino)))
+    assert e.value.errno == errno.ELOOP

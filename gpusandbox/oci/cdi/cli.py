@@ -52,8 +52,12 @@ def main_generate(argv):
         hook = gen.DEFAULT_HOOK if os.path.exists(gen.DEFAULT_HOOK) else ""
     if hook and not hook.startswith("/"):
         raise UsageError(f"--nvidia-cdi-hook-path {hook}", "must be absolute", None)
+    notes = []
     doc = gen.generate(a.driver_root, a.dev_root, a.vendor, a.cls,
-                       a.strategies or ("index", "uuid"), a.gpu_caps, a.cdi_version, hook or None)
+                       a.strategies or ("index", "uuid"), a.gpu_caps, a.cdi_version, hook or None,
+                       notes=notes)
+    for line in notes:
+        sys.stderr.write(f"gpusandbox: note: {line}\n")
     fmt = a.format or ("json" if a.output.endswith(".json") else "yaml")
     if a.output == "-":
         sys.stdout.write(gen.dump(doc, fmt))

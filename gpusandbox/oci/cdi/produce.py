@@ -107,9 +107,10 @@ def common_edits(host, inj, hook_path):
 
 def generate(driver_root="/", dev_root=None, vendor="nvidia.com", cls="gpu",
              strategies=("index", "uuid"), caps=None, cdi_version=None, hook_path=None,
-             environ=None):
+             environ=None, notes=None):
     """The spec (a dict, cdiVersion the lowest its content needs, or the
-    pinned `cdi_version`).  Raises UsageError/GpuError."""
+    pinned `cdi_version`).  Raises UsageError/GpuError.  `notes` (a list)
+    gets what discovery left out of the spec and why."""
     from gpusandbox.gpu import discover, inject, select
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad:
@@ -143,6 +144,8 @@ def generate(driver_root="/", dev_root=None, vendor="nvidia.com", cls="gpu",
     all_nodes = [_node(n) for n in everything.nodes if n.path not in control]
     devices.append({"name": "all", "containerEdits": {"deviceNodes": all_nodes}})
     common_inj = inject.plan(host, select.resolve("none", caps, env, host))
+    if notes is not None:
+        notes += common_inj.skipped
     doc = {"cdiVersion": LOWEST, "kind": f"{vendor}/{cls}", "devices": devices,
            "containerEdits": common_edits(host, common_inj, hook_path)}
     try:
