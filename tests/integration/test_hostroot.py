@@ -115,20 +115,46 @@ def test_host_root_read_only_homes_hidden_host_unchanged(runner, test_user, shar
 
 
 def test_host_root_gpu_nodes_from_the_selection_and_no_network(runner, sim_host):
-    script = f"nvidia-smi -L; ls -A /dev; {IFACES}"
+    # The simulated driver root is not the host's: its files come under
+    # /run/gpusandbox, and nothing is placed over the host's own directories.
+    script = (f"nvidia-smi -L; command -v nvidia-smi; ls /usr/bin/nvidia-smi 2>&1; "
+              f"echo \"homes=$(ls -A $HOME; ls -A /root).\"; ls -A /dev; {IFACES}")
     rc, out, err, _ = with_home(runner, ["--driver-root", sim_host.root, "--gpus", "0",
                                          "--net", "none", "/", "sh", "-c", script], "x")
     assert rc == 0, err
     assert smi_uuids(out) == [sim_host.gpus[0]["uuid"]]
+    assert "/run/gpusandbox/bin/nvidia-smi\n" in out
+    assert "No such file" in out and "homes=." in out, out
     assert nvidia_names(out.split("ifaces")[0]) == {"nvidia0"} | CONTROL
     assert out.split("ifaces")[1].split() == ["lo"]
-
-
-def test_host_root_without_gpus_shows_no_gpu_node(runner, sim_host):
+    # Without a selection: no GPU node.
     rc, out, err, _ = with_home(runner, ["--driver-root", sim_host.root, "/", "sh", "-c",
                                          "ls -A /dev"], "x")
     assert rc == 0, err
     assert nvidia_names(out) == set()
+
+
+def test_host_mounts_made_later_stay_out(runner):
+    """The clone of the host's tree is private: a mount the host makes while
+    the sandbox runs (a USB stick, an automounted share) never appears there
+    with the host's flags.  Run in a private mount namespace whose mounts
+    are shared, so that without this they would propagate in."""
+    d = scratch_dir("hostroot-prop")
+    inner = (f"echo > {d}/started; while [ ! -e {d}/go ]; do sleep 0.1; done; "
+             f"ls -A {d}/sub; touch {d}/sub/x 2>/dev/null && echo wrote; echo end")
+    script = (f"mount -t tmpfs -o mode=0777 tmpfs {d}\nmkdir -m 0777 {d}/sub\n"
+              f"mkfifo -m 0666 {d}/started\n"
+              '"$@" &\n'
+              f"read x < {d}/started\nmount -t tmpfs -o mode=0777 tmpfs {d}/sub\n"
+              f"touch {d}/sub/PROPAGATED {d}/go\nwait $!\n")
+    try:
+        res = subprocess.run(["unshare", "--mount", "--propagation", "shared", "sh", "-ec",
+                              script, "sh", *runner.argv(["/", "sh", "-c", inner])],
+                             capture_output=True, text=True, timeout=120, env=runner.env())
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.split() == ["end"], res.stdout
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_profile_untrusted_only_the_current_directory_is_writable(runner, host_dir):
