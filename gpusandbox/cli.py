@@ -16,7 +16,8 @@ Run CMD inside IMAGE: a root filesystem directory, an OCI bundle (config.json
 and rootfs/), or an image reference: docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST],
 oci:DIR[:TAG], oci-archive:FILE[:TAG], docker-archive:FILE[:NAME:TAG] (pulled
 into the store first), NAME[:TAG] already in the store, or a squashfs image file
-FILE.sqsh / FILE.squashfs (mounted read-only; squashfuse rootless).  Short names follow
+FILE.sqsh / FILE.squashfs (mounted read-only; squashfuse rootless), or / for the host's
+own userland, read-only, with the homes hidden (docs/workstation.md).  Short names follow
 docker's rule: ubuntu is docker.io/library/ubuntu:latest.  For an image (and a
 FILE.sqsh written by `pull -o`, which carries its config), CMD is optional (its
 Entrypoint + Cmd).  CMD is looked up on the image's PATH.
@@ -57,7 +58,9 @@ Identity and namespaces:
                               step on this node, the rank's own first
 Root filesystem:
   --writable-tmpfs            private writable overlay over the image, discarded at exit
-  --rw                        write through to IMAGE_DIR (missing mount points are created in it)
+                              (refused for /: no overlay can carry the host's submounts)
+  --rw                        write through to IMAGE_DIR (missing mount points are created in it;
+                              refused for /)
   -v, --bind SRC:DST[:ro|rw]  bind-mount a host path (repeatable; default rw)
 Process:
   -w, --workdir DIR           working directory (default: the image's, else /)
@@ -77,6 +80,9 @@ Images (see docs/images.md):
   --store DIR                 the image store (default $GPUSANDBOX_STORE, else
                               $XDG_DATA_HOME/gpusandbox/store)
 Other:
+  --profile untrusted         for code you do not trust: only the current directory writable
+                              (-v $PWD:$PWD -w $PWD), --net none, no host sockets or their
+                              variables; options you give win (docs/workstation.md)
   --verbose                   print what was set up (cgroup, device filter, mounts) to stderr
   -h, --help
 
@@ -96,6 +102,7 @@ _OPTS = {
     "--platform": "platform", "--store": "store",
     "--gpu-memory": "gpu_memory", "--gpu-compute": "gpu_compute", "--cuda-compat": "cuda_compat",
     "--share": "share", "--shm-size": "shm_size", "--gpu-visibility": "gpu_visibility",
+    "--profile": "profile",
 }
 _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
@@ -241,6 +248,9 @@ def parse_run_args(argv):
             if val not in allowed:
                 _bad(f"invalid {name} {val!r}", None, f"use {allowed[0]} or {allowed[1]}")
             setattr(spec, attr, val)
+        elif attr == "profile":
+            from .profile import parse
+            spec.profile = parse(val)
         elif attr == "net":
             if val not in ("host", "none"):
                 _bad(f"invalid --net {val!r}", None, "use host or none")

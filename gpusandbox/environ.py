@@ -3,7 +3,8 @@
 
   1. defaults        PATH, HOME (the image's passwd entry for the uid), TERM with --tty
   2. host            job variables (SLURM_* PMI* PMIX_* OMPI_* UCX_* NCCL_*), or the
-                     whole host environment with --env-host; never NEVER_PASS
+                     whole host environment with --env-host; never NEVER_PASS (nor,
+                     with --profile untrusted, profile.HOST_SOCKET_VARS)
   3. image           OCI config.json process.env, else the image's /etc/environment
   4. GPU             NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES, CUDA_VISIBLE_DEVICES
   5. --env-file      in the order given
@@ -83,8 +84,12 @@ def build(spec, host_env, image_env, gpu_env, home, tty_term=None, user=None):
     env = {"PATH": DEFAULT_PATH, "HOME": home}
     if tty_term:
         env["TERM"] = tty_term
+    never = NEVER_PASS
+    if spec.profile == "untrusted":
+        from .profile import HOST_SOCKET_VARS
+        never = never | HOST_SOCKET_VARS
     for key, val in host_env.items():
-        if key in NEVER_PASS:
+        if key in never:
             continue
         if spec.env_host or key.startswith(JOB_PREFIXES):
             if spec.env_host and key in ("PATH", "HOME"):

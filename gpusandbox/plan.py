@@ -7,7 +7,7 @@ import os
 import stat
 
 from . import environ as envmod
-from . import netdefault
+from . import hostroot, netdefault
 from .edits import ContainerEdits
 from .errors import SandboxError, UsageError
 from .imageroot import container_path, image_root, root_identity
@@ -95,6 +95,8 @@ class LaunchPlan:
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
                  "own_cgroup", "squash", "squash_pid", "forced_env", "pod",
+                 # IMAGE is the host's root (hostroot.py): tmpfs to hide, sockets to cover
+                 "host_root", "hide", "masks",
                  # an OCI runtime launch (oci/config.py OciExtras), else None
                  "oci")
 
@@ -118,6 +120,9 @@ class LaunchPlan:
         # Pod mode: an hpc.pod.Pod; the rank joins the pod's namespaces.
         self.pod = None
         self.oci = None
+        self.host_root = False
+        self.hide = ()
+        self.masks = ()
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
@@ -281,14 +286,18 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
         from .hpc import gpuvis
         sel = gpuvis.widen(sel, host, host_env, plan.notes)
     from .gpu import compat, require
-    decision = compat.for_launch(spec.cuda_compat, rootfd, host, sel, plan.notes)
+    # The host's own driver in the host's own root is used as the host's
+    # loader finds it: no cache is written, so no compat choice either.
+    decision = None if plan.host_root and _same_root(spec.driver_root) else \
+        compat.for_launch(spec.cuda_compat, rootfd, host, sel, plan.notes)
     warn = require.check(req_env, rootfd, host, None, host_env,
                          gpus=sel.node_gpus(), no_require=spec.no_require, compat=decision)
     if warn:
         plan.warnings.append(warn)
     edits = inject.build_edits(host, sel, rootfd, host_env,
-                               private=spec.rootfs_mode == "rw", notes=plan.notes,
-                               compat=decision)
+                               private=spec.rootfs_mode == "rw" or plan.host_root,
+                               notes=plan.notes, compat=decision,
+                               in_place=plan.host_root and _same_root(spec.driver_root))
     if spec.gpu_memory is not None or spec.gpu_compute is not None:
         from .gpu import share
         share.apply(plan, spec, host, sel, edits, host_env)
@@ -301,6 +310,13 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     plan.edits.extend(edits)
     plan.device_rules = inject.device_rules(host, sel)
     return edits.env
+
+
+def _same_root(driver_root):
+    try:
+        return os.path.samefile(driver_root or "/", "/")
+    except OSError:
+        return False
 
 
 def _cdi(plan, spec, rootfd, host_env):
@@ -348,10 +364,15 @@ def _devices(plan, spec):
 def build(spec, host_env=None):
     host_env = os.environ if host_env is None else host_env
     plan = LaunchPlan(spec)
+    if spec.profile:
+        from . import profile
+        profile.apply(spec, plan.warnings)
     squash = names_squashfs(spec.image)
     if not squash:
         plan.rootfs, plan.rootfd, config = image_root(spec.image, spec.image_fd)
         plan.root_id = root_identity(plan.rootfd, plan.rootfs)
+        if hostroot.is_host_root(plan.rootfd):
+            hostroot.check(plan, spec)
     # The caller's --net (None: the plan's default), for an identity chosen again.
     asked_net = spec.net
     _identity(plan, spec, host_env)
@@ -404,6 +425,8 @@ def build(spec, host_env=None):
     plan.keep_fds = _job_fds(host_env)
     plan.binds = _job_binds(host_env) + spec.binds
     _normalise_paths(plan)
+    if plan.host_root:
+        hostroot.finish(plan, spec, home, host_env)
     plan.points, plan.links = mount_points(plan)
     if spec.seccomp != "unconfined":
         from .linux import seccomp
@@ -441,8 +464,8 @@ def _normalise_paths(plan):
     e = plan.edits
     for item in e.device_nodes + e.mounts + e.symlinks + e.files + e.tmpfs:
         item.path = container_path(item.path)
-    if plan.spec.rootfs_mode == "rw" and e.mounts:
-        # --rw: GPU binaries live on our own /run tmpfs (see gpu/inject.py).
+    if (plan.spec.rootfs_mode == "rw" or plan.host_root) and e.mounts:
+        # --rw, the host's root: GPU binaries live on our own /run tmpfs (see gpu/inject.py).
         from .gpu.inject import PRIVATE_BIN
         if any(m.path.startswith(PRIVATE_BIN + "/") for m in e.mounts):
             path = plan.env.get("PATH") or ""

@@ -49,6 +49,8 @@ class RunSpec:
         "cuda_compat", "gpu_memory", "gpu_compute",
         # pod mode (hpc/pod.py): --share, --shm-size, --gpu-visibility
         "share", "shm_size", "gpu_visibility",
+        # --profile untrusted (profile.py)
+        "profile",
     )
 
     def __init__(self):
@@ -97,3 +99,4 @@ class RunSpec:
         self.share = None            # node | none; None: node in a multi-task Slurm step
         self.shm_size = None
         self.gpu_visibility = None   # task | step
+        self.profile = None          # untrusted, or None

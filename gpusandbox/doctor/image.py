@@ -23,6 +23,13 @@ def _stat_in(root, path):
         os.close(fd)
 
 
+def _same(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def load_image(image_dir):
     """(rootfs, env dict) exactly as the launcher reads them: the same plan
     functions pick a bundle's rootfs/ (never the bundle's own root.path, which
@@ -99,11 +106,17 @@ def _check_tree(out, root, env, opts, host, ceiling, sel, shown):
                          "or a C library: not a usable root filesystem",
                          "unpack the image (e.g. 'umoci raw unpack' or 'docker export | tar -x')"))
         return out, None
+    if _same(root, "/"):
+        shown = "/, the host's own userland (read-only, homes hidden: docs/workstation.md)"
     out.append(Check("image", "rootfs", PASS, f"{shown}" + (f", shell {shell}" if shell else "")
                      + (f", python3 {python}" if python else "")))
     m = os.uname().machine
     debian = _stat_in(root, "/etc/debian_version") is not None
     libdir = f"/usr/lib/{m}-linux-gnu (Debian layout)" if debian else "/usr/lib64"
+    if _same(root, "/"):
+        # gpusandbox/hostroot.py: the host's root is never written to.
+        libdir = ("nowhere: the host's own, used in place" if _same(opts.driver_root or "/", "/")
+                  else "/run/gpusandbox/lib (the host's root stays read-only)")
     if flavour == "glibc":
         out.append(Check("image", "libc", PASS, f"glibc ({libc_path}); driver libraries go to {libdir}"))
     elif flavour == "musl":

@@ -272,13 +272,20 @@ def _image_cache(image_root):
         return []
 
 
-def build_edits(host, sel, image_root, environ=None, private=False, notes=None, compat=None):
+def build_edits(host, sel, image_root, environ=None, private=False, notes=None, compat=None,
+                in_place=False):
     """ContainerEdits that give the image the selection.
 
     image_root: the image's held root fd (or a path).  private: the image is
-    written through (--rw); see PRIVATE.  compat: a gpu.compat.Decision; when
-    it says so, the cache names the image's forward-compat libraries instead."""
+    not ours to change (--rw, the host's root); see PRIVATE.  compat: a
+    gpu.compat.Decision; when it says so, the cache names the image's
+    forward-compat libraries instead.  in_place: the image is the driver
+    root itself (the host's root with the host's driver): its libraries,
+    binaries, firmware, configs and loader cache are already where they
+    belong, so only the nodes, IPC, /proc and environment are added."""
     inj = plan(host, sel)
+    if in_place:
+        inj.libs, inj.bins, inj.firmware, inj.configs = [], [], [], []
     edits = ContainerEdits()
     for n in inj.nodes:
         edits.device_nodes.append(DeviceNode(n.path, n.host_path, n.major, n.minor, "rw"))
@@ -291,7 +298,7 @@ def build_edits(host, sel, image_root, environ=None, private=False, notes=None, 
     if private:
         libdir = {64: PRIVATE + "/lib", 32: PRIVATE + "/lib32"}
         bindir = PRIVATE_BIN
-        if kind_in_root(image_root, "/etc/ld.so.cache") != "file":
+        if not in_place and kind_in_root(image_root, "/etc/ld.so.cache") != "file":
             raise GpuError("--rw with GPUs", "the image has no /etc/ld.so.cache to place "
                            "the driver's loader cache over",
                            hint="run ldconfig in the image once, or drop --rw "
@@ -333,8 +340,8 @@ def build_edits(host, sel, image_root, environ=None, private=False, notes=None, 
         if private and not cpath.startswith(_OWN_FS) and \
                 _lacks(kind_in_root(image_root, cpath), host_path):
             if notes is not None:
-                notes.append(f"--rw: {cpath} is not in the image; not injected "
-                             "(the image is never modified for GPU files)")
+                notes.append(f"{cpath} is not in the image; not injected (with --rw or "
+                             "the host's root, it is never modified for GPU files)")
             continue
         edits.mounts.append(Mount(host_path, cpath, opts, ident=host.pinned.get(host_path)))
     if notes is not None:
@@ -343,11 +350,12 @@ def build_edits(host, sel, image_root, environ=None, private=False, notes=None, 
     if compat is not None and compat.use:
         from gpusandbox.gpu.compat import prefer
         entries = prefer(entries, compat, lambda n, p: ldcache.Entry(n.encode(), p.encode()))
-    # The image's own entries for the injected names would shadow the host
-    # driver (an image-shipped libcuda.so.1 of another version).
-    ours = {(e.name, e.flags) for e in entries}
-    merged = [e for e in _image_cache(image_root) if (e.name, e.flags) not in ours]
-    edits.files.append(File("/etc/ld.so.cache", ldcache.build(merged + entries), 0o444))
+    if not in_place:
+        # The image's own entries for the injected names would shadow the
+        # host driver (an image-shipped libcuda.so.1 of another version).
+        ours = {(e.name, e.flags) for e in entries}
+        merged = [e for e in _image_cache(image_root) if (e.name, e.flags) not in ours]
+        edits.files.append(File("/etc/ld.so.cache", ldcache.build(merged + entries), 0o444))
 
     # /proc/driver/nvidia shows every GPU of the host: mask it and show the
     # selected GPUs' directories only.  The mask sits on /proc/driver, which

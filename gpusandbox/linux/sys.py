@@ -322,8 +322,8 @@ def move_mount(from_fd, to_fd, what="move_mount"):
     return _check(res, what)
 
 
-def mount_setattr(fd, attr_set, recursive=True, attr_clr=0):
-    attr = _MountAttr(attr_set, attr_clr, 0, 0)
+def mount_setattr(fd, attr_set, recursive=True, attr_clr=0, propagation=0):
+    attr = _MountAttr(attr_set, attr_clr, propagation, 0)
     flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
     return syscall("mount_setattr", ctypes.c_int(fd), b"", ctypes.c_uint(flags),
                    ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))

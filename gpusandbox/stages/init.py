@@ -11,7 +11,7 @@ from ..linux import mounts as m
 from ..linux import net
 from ..linux import sys as k
 from ..plan import OWN_FS, STD_DEVICES
-from . import command, ocisetup, sysmounts
+from . import command, hostroot, ocisetup, sysmounts
 from .channel import fail, pause_point
 
 _SIGCHLD = 17
@@ -119,12 +119,12 @@ def _rootfs(plan):
 def _apply_edits(plan, rootfd, nodes, mounts):
     """GPU (or CDI) edits, in the order the edits module documents."""
     edits = plan.edits
-    rw = plan.spec.rootfs_mode == "rw"
+    rw = plan.spec.rootfs_mode == "rw" or plan.host_root
 
     def tgt(rootfd, path, kind="dir"):
-        # --rw: the image is the root, and edits never create anything in
-        # it (the plan keeps them on our own filesystems or over paths the
-        # image has; a path gone since then fails the launch).
+        # --rw, the host's root: the image is the root, and edits never
+        # create anything in it (the plan keeps them on our own filesystems
+        # or over paths the image has; a path gone since then fails the launch).
         return m.open_target(rootfd, path, kind, create=not rw or path.startswith(OWN_FS))
 
     # With an overlay the links already sit in its upper layer, but one whose
@@ -285,9 +285,16 @@ def run(plan, go_r, err_w, tty_sock, wait):
         k.prctl(4, 0)  # PR_SET_DUMPABLE
         pause_point(plan, "init-start")
         step = "building the root filesystem"
-        rootfd = _rootfs(plan)
+        if plan.host_root:
+            os.close(plan.rootfd)   # the launcher's handle; this namespace's / is cloned
+            rootfd = hostroot.root()
+        else:
+            rootfd = _rootfs(plan)
         step = "mounting /proc, /sys, /dev, /tmp, /run"
         sysmounts.system_mounts(plan, rootfd, src)
+        if plan.host_root:
+            step = "hiding the homes and host sockets"
+            hostroot.cover(plan, rootfd)
         pause_point(plan, "init-mounts")
         step = "injecting GPU devices and driver files"
         _apply_edits(plan, rootfd, nodes, mounts)

@@ -254,3 +254,21 @@ def test_list_report_groups_host_paths(fake, capsys):
     assert report.main_list(["--driver-root", fake.root, "--gpus", "9"]) == 125
     err = capsys.readouterr().err
     assert "gpusandbox: error: --gpus '9': unknown device '9'" in err and "hint:" in err
+
+
+@needs_root
+def test_in_place_adds_nodes_ipc_and_proc_but_no_driver_file(fake, host, image):
+    """The host's root with the host's driver (hostroot.py): the libraries,
+    binaries, firmware and loader cache are already where the host keeps
+    them, and nothing is bound over them; nodes, /proc/driver and env stay."""
+    sel = select.resolve("1", "all", {}, host)
+    full = inject.build_edits(host, sel, debian(image), {})
+    e = inject.build_edits(host, sel, image, {}, private=True, in_place=True)
+    assert [d.path for d in e.device_nodes] == [d.path for d in full.device_nodes]
+    assert not [f for f in e.files if f.path == "/etc/ld.so.cache"]
+    assert not e.symlinks
+    hosted = {m.host_path for m in e.mounts}
+    assert not [p for p in hosted if ".so" in p or "/bin/" in p or "firmware" in p]
+    assert {"/proc/driver/nvidia/version", "/proc/driver/nvidia/params"} <= \
+        {m.path for m in e.mounts} | {f.path for f in e.files}
+    assert e.env["NVIDIA_VISIBLE_DEVICES"] == full.env["NVIDIA_VISIBLE_DEVICES"]

@@ -52,6 +52,19 @@ class _Spec:
     env_host = False
     env_files = ()
     env_set = ()
+    profile = None
+
+
+def test_profile_untrusted_keeps_host_sockets_out_of_env_host():
+    spec = _Spec()
+    spec.env_host, spec.profile = True, "untrusted"
+    host = {"SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1", "DBUS_SESSION_BUS_ADDRESS": "unix:path=/b",
+            "DISPLAY": ":0", "LANG": "C.UTF-8"}
+    env = envmod.build(spec, host, [], {}, "/home/u")
+    assert env["LANG"] == "C.UTF-8"
+    assert not {"SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "DISPLAY"} & set(env)
+    spec.env_set = ["SSH_AUTH_SOCK"]                     # named with -e: the caller's word
+    assert envmod.build(spec, host, [], {}, "/home/u")["SSH_AUTH_SOCK"] == "/tmp/ssh-x/agent.1"
 
 
 def test_environment_precedence_table():
