@@ -89,16 +89,6 @@ def _host_node(major, minor, path):
     return None
 
 
-def initial_userns():
-    """Whether this process is in the host's own user namespace (mknod(2)
-    of devices needs CAP_MKNOD there)."""
-    try:
-        with open("/proc/self/uid_map") as f:
-            return f.read().split() == ["0", "0", "4294967295"]
-    except OSError:
-        return False
-
-
 def _devices(linux, make=False):
     """linux.devices: ([(path, host node, major, minor)] to bind from the
     host, [(path, S_IF type, major, minor, mode, uid, gid)] to create).
