@@ -6,8 +6,8 @@ config.json comes from the runtime's caller (podman, containerd), who runs
 the runtime with its own privileges: it is read as data of the expected
 types, and what gpusandbox cannot honour is refused with one line rather
 than ignored.  GPUs come from NVIDIA_VISIBLE_DEVICES in process.env; which
-driver root serves them is the caller's environment's choice
-(GPUSANDBOX_DRIVER_ROOT, GPUSANDBOX_DEV_ROOT), never the config's.
+driver root serves them is the caller's choice (its environment or the
+settings files: gpusandbox.settings), never the config's.
 """
 import os
 import stat
@@ -19,7 +19,6 @@ from ..imageroot import container_path
 from ..spec import RunSpec
 from ..linux.host import NS_FLAGS, gid_mapped, initial_userns, setgroups_denied
 from .confighost import _devices
-from .confighost import driver_settings  # noqa: F401 - API
 from .configsysctl import sysctl_namespaced as _sysctl_namespaced
 
 MAX_CONFIG = 4 << 20
@@ -335,7 +334,8 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     plan_env = {}
     if dict(env).get("NVIDIA_VISIBLE_DEVICES"):
         plan_env["NVIDIA_VISIBLE_DEVICES"] = dict(env)["NVIDIA_VISIBLE_DEVICES"]
-        spec.driver_root, spec.dev_root = driver_settings(host_env)
+        from ..settings import driver_roots
+        spec.driver_root, spec.dev_root = driver_roots(host_env)
     x = OciExtras()
     x.mounts, x.sys_at = [], None
     for i, e in enumerate(_get(conf, "mounts", list, "mounts", [])):

@@ -31,12 +31,12 @@ wrapper or the filter writes into config.json (docs/hook.md).
 import os
 import sys
 
+from gpusandbox import settings
 from gpusandbox.linux.host import close_ns, join_ns, open_ns, real_root
 
 STAGES = ("prestart", "createRuntime", "createContainer")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_KEEP = ("GPUSANDBOX_DRIVER_ROOT", "GPUSANDBOX_DEV_ROOT", "GPUSANDBOX_OCI_CONF",
-         "GPUSANDBOX_CDI_SPEC_DIRS")
+_KEEP = settings.ENV_VARS + ("GPUSANDBOX_CDI_SPEC_DIRS",)
 _DANGEROUS = ("LD_", "PYTHON", "GCONV_PATH", "LOCPATH", "MALLOC_", "GLIBC_TUNABLES",
               "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "TMPDIR")
 _REEXEC = "GPUSANDBOX_HOOK_CLEAN"
@@ -222,10 +222,9 @@ def install(argv):
         raise UsageError(f"hook install --stage {stage}", "unknown stage",
                          hint="use createRuntime, prestart, createContainer or precreate")
     env = {"PATH": SAFE_PATH}
-    for opt, var in (("--driver-root", "GPUSANDBOX_DRIVER_ROOT"),
-                     ("--dev-root", "GPUSANDBOX_DEV_ROOT")):
-        if opts[opt]:
-            env[var] = os.path.abspath(opts[opt])
+    for key in ("driver-root", "dev-root"):
+        if opts["--" + key]:
+            env[settings.KEYS[key].env] = os.path.abspath(opts["--" + key])
     py = sys.executable
     if stage == "precreate":
         from gpusandbox.oci.filter import entry_args
