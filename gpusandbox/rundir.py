@@ -38,7 +38,7 @@ import errno
 import os
 import stat
 
-from .linux.host import host_uid, real_root
+from .linux.host import host_uid, real_root, root_uids
 
 ROOT_BASE = "/run/gpusandbox"
 ROOT_OCI = "/run/gpusandbox-oci"
@@ -71,21 +71,6 @@ def _error(path, why, hint):
 
 
 # --- the one rule --------------------------------------------------------------
-def _others_root():
-    """The owners that stand for root on the way down: 0, and inside a user
-    namespace the overflow uid, which is what host root's /, /run and /tmp
-    show there (any unmapped owner does: a path through a directory of
-    another user is the caller's own choice, never one made here)."""
-    from .linux.host import initial_userns
-    if initial_userns():
-        return (0,)
-    try:
-        with open("/proc/sys/kernel/overflowuid") as f:
-            return (0, int(f.read()))
-    except (OSError, ValueError):
-        return (0, 65534)
-
-
 def _check_step(fd, path, last, uid, roots=(0,)):
     st = os.fstat(fd)
     if (st.st_uid not in roots and st.st_uid != uid) or (last and st.st_uid != uid):
@@ -116,7 +101,10 @@ def trusted_dir(path, uid=None, own=True, links=False, make=None):
     if ".." in todo:
         raise Taken(path, "has '..' in it", False)
     todo.reverse()
-    roots = _others_root()
+    # Inside a user namespace the host's root shows as the overflow uid (any
+    # unmapped owner does: a path through a directory of another user is the
+    # caller's own choice, never one made here).
+    roots = root_uids()
     # (descriptor, path) of each directory on the way down: a link's '..'
     # goes back up to one already checked.
     walk = [(os.open("/", _DIR), "/")]

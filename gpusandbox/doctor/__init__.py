@@ -47,6 +47,8 @@ def run_checks(opts, euid=None):
     out += check_cgroups(opts.roots, euid)
     if opts.probes:
         out.append(check_overlay(euid))
+    from .settings import check_settings
+    out += check_settings(os.environ, f"{opts.roots.etc}/gpusandbox/oci.conf")
     checks, host, ceiling = check_driver(opts)
     out += checks
     sel = None

@@ -151,7 +151,8 @@ def probe_overlay():
     The mount is made with fsmount(2) and never attached, so it vanishes with
     the child; the child writes through it to prove the upper layer works."""
     import tempfile
-    from gpusandbox.linux import mounts
+    from gpusandbox.errors import SandboxError
+    from gpusandbox.linux import idmap, mounts
     base = tempfile.mkdtemp(prefix="gpusandbox-doctor-")
     try:
         for d in ("lower", "upper", "work"):
@@ -164,10 +165,7 @@ def probe_overlay():
             try:
                 os.close(r)
                 lsys.unshare(lsys.CLONE_NEWUSER | lsys.CLONE_NEWNS)
-                for f, data in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
-                                ("gid_map", f"0 {gid} 1")):
-                    with open(f"/proc/self/{f}", "w") as fh:
-                        fh.write(data)
+                idmap.write_single("self", 0, uid, 0, gid, False)
                 mfd = mounts.new_fs("overlay", [f"lowerdir={base}/lower", f"upperdir={base}/upper",
                                                 f"workdir={base}/work"])
                 fd = os.open("probe", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=mfd)
@@ -175,7 +173,7 @@ def probe_overlay():
                 os.close(fd)
                 os.close(mfd)
             except BaseException as e:  # noqa: BLE001 - the child must always _exit
-                os.write(w, str(e).encode()[:500])
+                os.write(w, (e.line() if isinstance(e, SandboxError) else str(e)).encode()[:500])
                 code = 1
             os._exit(code)
         os.close(w)

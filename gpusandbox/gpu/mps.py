@@ -32,7 +32,7 @@ import os
 import subprocess
 import time
 
-from gpusandbox.errors import GpuError
+from gpusandbox.errors import GpuError, SandboxError
 
 SUN_PATH_MAX = 107          # sun_path holds 108 bytes with the NUL
 _LONGEST = "control_privileged"
@@ -336,10 +336,8 @@ def _spawn(exe, env, shm):
             flags = k.CLONE_NEWNS | (0 if uid == 0 else k.CLONE_NEWUSER)
             k.unshare(flags)
             if uid:
-                for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                                   ("gid_map", f"{gid} {gid} 1")):
-                    with open(f"/proc/self/{name}", "w") as f:
-                        f.write(text)
+                from gpusandbox.linux import idmap
+                idmap.write_single("self", uid, uid, gid, gid, False)
             k.mount(None, "/", None, _MS_REC | _MS_SLAVE)
             _bind_shm(k, shm)
             os.chdir("/")
@@ -351,7 +349,7 @@ def _spawn(exe, env, shm):
             os.execve(exe, [exe, "-d"], env)
         except BaseException as e:
             try:
-                os.write(w, str(e).encode()[:400])
+                os.write(w, (e.line() if isinstance(e, SandboxError) else str(e)).encode()[:400])
             finally:
                 os._exit(127)
     os.close(w)

@@ -9,6 +9,7 @@ comes from its own ranks (same user, a 0700 directory).
 """
 import os
 
+from ..linux import host
 from ..linux import mounts as m
 from ..linux import sys as k
 
@@ -89,8 +90,8 @@ def _main(pod, lfd, dirfd, real_root):
         # command; not being dumpable makes that hold whatever caps a rank has.
         k.prctl(4, 0)  # PR_SET_DUMPABLE
         from .pod import NS_ORDER
-        ns = [os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
-              for name, _ in NS_ORDER if name != "user" or pod.idmap]
+        want = [t for t in NS_ORDER if t != "user" or pod.idmap]
+        ns = [fd for _, fd in host.open_ns("self", want, skip_own=False)]
         k.mount(None, "/", None, k.MS_REC | k.MS_SLAVE)
         shm = m.new_fs("tmpfs", (f"size={pod.shm_size}", "mode=1777"),
                        k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV)

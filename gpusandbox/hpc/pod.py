@@ -29,14 +29,14 @@ refuses it wherever a set of shared namespaces is formed.
 import os
 
 from ..errors import SandboxError, UsageError
+from ..linux import host
 from ..linux import sys as k
 
 SHARED = frozenset(("user", "pid", "ipc", "shm"))
 DEFAULT_SHM = 1 << 30
-# setns(2) order: the user namespace first (it grants the capabilities the
-# other joins need), the mount namespace last (it changes root and cwd).
-NS_ORDER = (("user", k.CLONE_NEWUSER), ("pid", k.CLONE_NEWPID),
-            ("ipc", k.CLONE_NEWIPC), ("mnt", k.CLONE_NEWNS))
+# The pod's namespaces, in the order the keeper sends their descriptors
+# (host.join_ns joins them in its own order).
+NS_ORDER = ("user", "pid", "ipc", "mount")
 PR_SET_CHILD_SUBREAPER = 36
 # What a rank's init makes its own after joining the pod (Member.clone).
 _OWN_NS = k.CLONE_NEWNS | k.CLONE_NEWNET | k.CLONE_NEWCGROUP | k.CLONE_NEWUTS
@@ -186,7 +186,7 @@ class Member:
 
     def __init__(self, conn, ns, dirfd):
         self.conn = conn
-        self.ns = ns                # [(fd, CLONE_NEW*)] in NS_ORDER
+        self.ns = ns                # [(type, fd)] in NS_ORDER
         self.dirfd = dirfd
 
     def clone(self, flags, cgroup_fd, err_w):
@@ -203,28 +203,24 @@ class Member:
         objects).  The init then joins the rest (setns needs a single-threaded
         process for the user namespace, as both are) and unshares its own
         mount, network and cgroup namespaces from the pod's."""
-        ns = {nstype: fd for fd, nstype in self.ns}
-        joined = set()
+        ns = dict(self.ns)
+        joined = {"pid"}
         try:
             try:
-                k.syscall("setns", ns[k.CLONE_NEWPID], k.CLONE_NEWPID)
+                host.join_ns([("pid", ns["pid"])])
             except OSError as e:
-                if e.errno != 1 or k.CLONE_NEWUSER not in ns:
+                if e.errno != 1 or "user" not in ns:
                     raise
-                k.syscall("setns", ns[k.CLONE_NEWUSER], k.CLONE_NEWUSER)
-                joined.add(k.CLONE_NEWUSER)
-                k.syscall("setns", ns[k.CLONE_NEWPID], k.CLONE_NEWPID)
+                host.join_ns([("user", ns["user"]), ("pid", ns["pid"])])
+                joined.add("user")
         except OSError as e:
             raise SandboxError("joining the pod's namespaces", e.strerror, _HINT) from None
-        joined.add(k.CLONE_NEWPID)
         own = flags & _OWN_NS
         pid = k.clone_fork(flags & ~_OWN_NS, cgroup_fd)
         if pid:
             return pid
         try:
-            for fd, nstype in self.ns:
-                if nstype not in joined:
-                    k.syscall("setns", fd, nstype)
+            host.join_ns([(t, fd) for t, fd in self.ns if t not in joined])
             if own:
                 k.unshare(own)
         except OSError as e:
@@ -241,8 +237,7 @@ class Member:
                                     pidfd.to_bytes(4, "little" if _LE else "big"))])
 
     def close(self):
-        for fd, _ in self.ns:
-            os.close(fd)
+        host.close_ns(self.ns)
         self.ns = []
         os.close(self.dirfd)
         self.conn.close()
@@ -394,7 +389,7 @@ def _hello(path, pod):
         conn.close()
         raise SandboxError(f"setting up the pod in {pod.dir}", msg[1:].decode("utf-8", "replace"),
                            _HINT)
-    want = [t for name, t in NS_ORDER if name != "user" or pod.idmap]
+    want = [t for t in NS_ORDER if t != "user" or pod.idmap]
     if msg[1:].decode() != repr(pod.idmap) or len(fds) != len(want):
         conn.close()
         for fd in fds:
@@ -402,4 +397,4 @@ def _hello(path, pod):
         raise SandboxError(f"joining the pod {pod.key}", "its first rank was started with other "
                            "identity options (--root, --userns)",
                            "start every rank of a step with the same options")
-    return conn, list(zip(fds, want))
+    return conn, list(zip(want, fds))

@@ -10,6 +10,7 @@ import errno
 import os
 
 from gpusandbox.errors import CgroupError, UsageError
+from gpusandbox.linux import host
 from gpusandbox.linux.sys import read_file
 
 _PERIOD = 100000
@@ -194,10 +195,9 @@ def _privileged(proc):
     namespace (capabilities in a child user namespace do not count for bpf)."""
     try:
         status = _read(f"{proc}/self/status")
-        uid_map = _read(f"{proc}/self/uid_map").split()
     except OSError:
         return False
-    if uid_map != ["0", "0", "4294967295"]:
+    if not host.initial_userns(proc):
         return False
     for line in status.splitlines():
         if line.startswith("CapEff:"):

@@ -8,6 +8,9 @@ wrappers that need them.
 import ctypes
 import os
 
+from .host import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,  # noqa: F401
+                   CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
+
 libc = ctypes.CDLL(None, use_errno=True)
 
 _MACHINE = os.uname().machine
@@ -91,13 +94,7 @@ def pivot_root(new_root, put_old):
 
 
 # --- namespaces --------------------------------------------------------------
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
+# CLONE_NEW*: imported above from host.NAMESPACES, the one table of them.
 CLONE_INTO_CGROUP = 0x200000000
 CLONE_PIDFD = 0x00001000
 CLONE_PARENT = 0x00008000

@@ -6,8 +6,8 @@ config.json comes from the runtime's caller (podman, containerd), who runs
 the runtime with its own privileges: it is read as data of the expected
 types, and what gpusandbox cannot honour is refused with one line rather
 than ignored.  GPUs come from NVIDIA_VISIBLE_DEVICES in process.env; which
-driver root serves them is the caller's environment's choice
-(GPUSANDBOX_DRIVER_ROOT, GPUSANDBOX_DEV_ROOT), never the config's.
+driver root serves them is the caller's choice (its environment or the
+settings files: gpusandbox.settings), never the config's.
 """
 import os
 import stat
@@ -17,8 +17,8 @@ from . import fastjson as json
 from ..errors import UsageError
 from ..imageroot import container_path
 from ..spec import RunSpec
-from .confighost import _devices, initial_userns
-from .confighost import driver_settings  # noqa: F401 - API
+from ..linux.host import NS_FLAGS, gid_mapped, initial_userns, setgroups_denied
+from .confighost import _devices
 from .configsysctl import sysctl_namespaced as _sysctl_namespaced
 
 MAX_CONFIG = 4 << 20
@@ -33,8 +33,6 @@ RLIMITS = {"RLIMIT_CPU": 0, "RLIMIT_FSIZE": 1, "RLIMIT_DATA": 2, "RLIMIT_STACK":
            "RLIMIT_CORE": 4, "RLIMIT_RSS": 5, "RLIMIT_NPROC": 6, "RLIMIT_NOFILE": 7,
            "RLIMIT_MEMLOCK": 8, "RLIMIT_AS": 9, "RLIMIT_LOCKS": 10, "RLIMIT_SIGPENDING": 11,
            "RLIMIT_MSGQUEUE": 12, "RLIMIT_NICE": 13, "RLIMIT_RTPRIO": 14, "RLIMIT_RTTIME": 15}
-NS_FLAGS = {"mount": 0x00020000, "uts": 0x04000000, "ipc": 0x08000000, "user": 0x10000000,
-            "pid": 0x20000000, "network": 0x40000000, "cgroup": 0x02000000}
 # Mounts the init makes itself, with the same filesystem, at these places.
 SYSTEM_MOUNTS = {("/proc", "proc"), ("/sys", "sysfs"), ("/sys", "bind"), ("/dev", "tmpfs"),
                  ("/dev/pts", "devpts"), ("/sys/fs/cgroup", "cgroup"),
@@ -336,7 +334,8 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
     plan_env = {}
     if dict(env).get("NVIDIA_VISIBLE_DEVICES"):
         plan_env["NVIDIA_VISIBLE_DEVICES"] = dict(env)["NVIDIA_VISIBLE_DEVICES"]
-        spec.driver_root, spec.dev_root = driver_settings(host_env)
+        from ..settings import driver_roots
+        spec.driver_root, spec.dev_root = driver_roots(host_env)
     x = OciExtras()
     x.mounts, x.sys_at = [], None
     for i, e in enumerate(_get(conf, "mounts", list, "mounts", [])):
@@ -413,26 +412,6 @@ def _open_fds(n):
     return tuple(out)
 
 
-def _setgroups_denied():
-    try:
-        with open("/proc/self/setgroups") as f:
-            return f.read().strip() == "deny"
-    except OSError:
-        return False
-
-
-def _gid_mapped(gid):
-    try:
-        with open("/proc/self/gid_map") as f:
-            for line in f:
-                inside, _, count = (int(v) for v in line.split())
-                if inside <= gid < inside + count:
-                    return True
-    except (OSError, ValueError):
-        return True
-    return False
-
-
 def apply(plan, x, over):
     """The plan fields an OCI config sets beyond what the RunSpec says."""
     plan.oci = x
@@ -454,12 +433,12 @@ def apply(plan, x, over):
     plan.env = dict(plan.env)
     if x.annotations.get("run.oci.keep_original_groups") == "1":
         plan.clear_groups = False
-    if _setgroups_denied():
+    if setgroups_denied():
         # The same namespace may deny setgroups(2) (user_namespaces(7)): the
         # process keeps the groups it has there, which map to nothing more.
         plan.clear_groups = False
         x.groups = None
-    if plan.devpts_gid is not None and not _gid_mapped(plan.devpts_gid):
+    if plan.devpts_gid is not None and not gid_mapped(plan.devpts_gid):
         # Rootless podman whose user has no subordinate gids: the runtime is
         # root of a namespace mapping one gid, where devpts refuses gid=5.
         plan.devpts_gid = None

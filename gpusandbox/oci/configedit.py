@@ -21,14 +21,14 @@ the GPU works without them: NVML and CUDA read /dev and sysfs.
 
 Nothing from config.json decides a host path: the selection comes from the
 container's NVIDIA_VISIBLE_DEVICES (that is the interface), and the driver
-and dev roots from the caller's environment or /etc/gpusandbox/oci.conf.
+and dev roots from the settings (the caller's environment or the settings
+files: gpusandbox.settings).
 The rootfs is only read, through read_in_root (openat2 RESOLVE_IN_ROOT).
 """
 import os
 
 from gpusandbox.errors import GpuError, UsageError
 
-CONF = "/etc/gpusandbox/oci.conf"
 # The container variables that select GPUs, the same ones `run` reads from
 # the caller: nothing else of the container's environment is looked at.
 SELECT_VARS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
@@ -40,30 +40,12 @@ MAX_CONFIG = 16 << 20
 _RO = ["bind", "ro", "nosuid", "nodev"]
 
 
-def read_conf(path=CONF):
-    """{key: value} of the `key = value` lines of /etc/gpusandbox/oci.conf
-    ({} without one).  A tiny format, read by the wrapper's shell entry too."""
-    out = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if line and not line.startswith("#") and "=" in line:
-                    k, _, v = line.partition("=")
-                    out[k.strip()] = v.strip()
-    except FileNotFoundError:
-        pass
-    return out
-
-
 def host_roots(environ):
-    """(driver_root, dev_root) from the caller's GPUSANDBOX_DRIVER_ROOT /
-    GPUSANDBOX_DEV_ROOT, else oci.conf's driver-root / dev-root, else / and
-    None (the driver root's /dev)."""
-    conf = read_conf(environ.get("GPUSANDBOX_OCI_CONF") or CONF)
-    drv = environ.get("GPUSANDBOX_DRIVER_ROOT") or conf.get("driver-root") or "/"
-    dev = environ.get("GPUSANDBOX_DEV_ROOT") or conf.get("dev-root") or None
-    return drv, dev
+    """(driver_root, dev_root) of the settings (gpusandbox.settings): the
+    caller's GPUSANDBOX_DRIVER_ROOT / GPUSANDBOX_DEV_ROOT, else the settings
+    files' driver-root / dev-root, else / and None (the driver root's /dev)."""
+    from gpusandbox.settings import driver_roots
+    return driver_roots(environ)
 
 
 def container_env(cfg):

@@ -1,6 +1,6 @@
 """What the host supplies to an OCI config, never the config itself: the
-driver root GPU injection reads (the caller's environment or the runtime's
-settings file) and the host device nodes behind linux.devices."""
+host device nodes behind linux.devices.  (The driver root GPU injection
+reads is a setting: gpusandbox.settings.)"""
 import os
 import stat
 
@@ -16,47 +16,6 @@ def _get(obj, key, typ, where, default=None):
     # config.py imports this module at its top: its checker is looked up here.
     from .config import _get as get
     return get(obj, key, typ, where, default)
-
-
-def _settings_file(host_env):
-    """$GPUSANDBOX_OCI_CONFIG, else /etc/gpusandbox/oci.conf for root or
-    ~/.config/gpusandbox/oci.conf for a user (podman passes the runtime no
-    variable of its own caller, but HOME rootless)."""
-    if host_env.get("GPUSANDBOX_OCI_CONFIG"):
-        return host_env["GPUSANDBOX_OCI_CONFIG"]
-    if os.geteuid() == 0 and not host_env.get("_CONTAINERS_ROOTLESS_UID"):
-        return "/etc/gpusandbox/oci.conf"
-    home = host_env.get("HOME")
-    return os.path.join(home, ".config/gpusandbox/oci.conf") if home else None
-
-
-def driver_settings(host_env):
-    """(driver root, dev root) for GPU injection: GPUSANDBOX_DRIVER_ROOT and
-    GPUSANDBOX_DEV_ROOT of the caller, else driver_root= and dev_root= lines
-    of the settings file (owned by the caller or root, writable by no one
-    else), else the host's own driver."""
-    vals = {"driver_root": host_env.get("GPUSANDBOX_DRIVER_ROOT"),
-            "dev_root": host_env.get("GPUSANDBOX_DEV_ROOT")}
-    path = _settings_file(host_env)
-    if not vals["driver_root"] and path:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            try:
-                st = os.fstat(fd)
-                if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-                    raise UsageError(f"OCI runtime settings {path}",
-                                     "owned by another user or writable by others")
-                text = os.read(fd, 1 << 16).decode("utf-8", "replace")
-            finally:
-                os.close(fd)
-            for line in text.splitlines():
-                key, eq, val = line.strip().partition("=")
-                if eq and key.strip() in vals and not line.lstrip().startswith("#"):
-                    vals[key.strip()] = val.strip()
-    return vals["driver_root"] or None, vals["dev_root"] or None
 
 
 def _host_node(major, minor, path):
@@ -87,16 +46,6 @@ def _host_node(major, minor, path):
             except OSError:
                 continue
     return None
-
-
-def initial_userns():
-    """Whether this process is in the host's own user namespace (mknod(2)
-    of devices needs CAP_MKNOD there)."""
-    try:
-        with open("/proc/self/uid_map") as f:
-            return f.read().split() == ["0", "0", "4294967295"]
-    except OSError:
-        return False
 
 
 def _devices(linux, make=False):

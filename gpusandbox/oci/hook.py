@@ -31,10 +31,12 @@ wrapper or the filter writes into config.json (docs/hook.md).
 import os
 import sys
 
+from gpusandbox import settings
+from gpusandbox.linux.host import close_ns, join_ns, open_ns, real_root
+
 STAGES = ("prestart", "createRuntime", "createContainer")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_KEEP = ("GPUSANDBOX_DRIVER_ROOT", "GPUSANDBOX_DEV_ROOT", "GPUSANDBOX_OCI_CONF",
-         "GPUSANDBOX_CDI_SPEC_DIRS")
+_KEEP = settings.ENV_VARS + ("GPUSANDBOX_CDI_SPEC_DIRS",)
 _DANGEROUS = ("LD_", "PYTHON", "GCONV_PATH", "LOCPATH", "MALLOC_", "GLIBC_TUNABLES",
               "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "TMPDIR")
 _REEXEC = "GPUSANDBOX_HOOK_CLEAN"
@@ -128,26 +130,14 @@ def _open_sources(edits):
     return nodes, mounts
 
 
-def _real_root():
-    try:
-        with open("/proc/self/uid_map") as f:
-            return os.geteuid() == 0 and f.read().split() == ["0", "0", "4294967295"]
-    except OSError:
-        return False
-
-
 def _enter(pid):
     """setns into the container's mount namespace (and its user namespace
     first when it has its own)."""
-    from gpusandbox.linux import sys as k
-    for ns, flag in (("user", k.CLONE_NEWUSER), ("mnt", k.CLONE_NEWNS)):
-        fd = os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if os.stat(f"/proc/self/ns/{ns}").st_ino == os.fstat(fd).st_ino:
-                continue
-            k.syscall("setns", fd, flag)
-        finally:
-            os.close(fd)
+    fds = open_ns(pid, ("user", "mount"))
+    try:
+        join_ns(fds)
+    finally:
+        close_ns(fds)
 
 
 def run(stage):
@@ -194,7 +184,7 @@ def run(stage):
         pid = state.get("pid")
         if not isinstance(pid, int) or pid <= 0:
             raise GpuError("hook: OCI state", f"no container pid for the {stage} stage")
-        if _real_root():
+        if real_root():
             nodes, mounts = _open_sources(edits)
             _enter(pid)
         else:
@@ -232,10 +222,9 @@ def install(argv):
         raise UsageError(f"hook install --stage {stage}", "unknown stage",
                          hint="use createRuntime, prestart, createContainer or precreate")
     env = {"PATH": SAFE_PATH}
-    for opt, var in (("--driver-root", "GPUSANDBOX_DRIVER_ROOT"),
-                     ("--dev-root", "GPUSANDBOX_DEV_ROOT")):
-        if opts[opt]:
-            env[var] = os.path.abspath(opts[opt])
+    for key in ("driver-root", "dev-root"):
+        if opts["--" + key]:
+            env[settings.KEYS[key].env] = os.path.abspath(opts["--" + key])
     py = sys.executable
     if stage == "precreate":
         from gpusandbox.oci.filter import entry_args

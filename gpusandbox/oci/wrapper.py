@@ -19,12 +19,11 @@ _CREATE_VALUED = ("--bundle", "-b", "--console-socket", "--pid-file", "--preserv
 
 
 def real_runtime(environ):
-    """The runtime to exec: GPUSANDBOX_OCI_RUNTIME, oci.conf's `runtime`,
-    else runc, else crun, from the usual system directories (never a PATH
-    lookup: PATH is the engine's)."""
-    from gpusandbox.oci.configedit import read_conf
-    rt = environ.get("GPUSANDBOX_OCI_RUNTIME") or \
-        read_conf(environ.get("GPUSANDBOX_OCI_CONF") or "/etc/gpusandbox/oci.conf").get("runtime")
+    """The runtime to exec: the `runtime` setting (GPUSANDBOX_OCI_RUNTIME,
+    the settings files), else runc, else crun, from the usual system
+    directories (never a PATH lookup: PATH is the engine's)."""
+    from gpusandbox import settings
+    rt = settings.get("runtime", environ)
     if rt:
         return rt
     for d in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"):
@@ -123,19 +122,19 @@ def edit_bundle(bundle, environ):
 
 
 def main(argv=None):
+    from gpusandbox.errors import SandboxError
     argv = sys.argv[1:] if argv is None else argv
-    runtime = real_runtime(os.environ)
     cmd, opts, bundle, _cid = parse(argv)
-    if cmd in ("create", "run"):
-        from gpusandbox.errors import SandboxError
-        try:
+    try:
+        runtime = real_runtime(os.environ)
+        if cmd in ("create", "run"):
             edit_bundle(bundle or ".", os.environ)
-        except SandboxError as e:
-            log_error(opts, e.line() + (f" (hint: {e.hint})" if e.hint else ""))
-            return 1
-        except OSError as e:
-            log_error(opts, f"editing the bundle's config.json: {e}")
-            return 1
+    except SandboxError as e:
+        log_error(opts, e.line() + (f" (hint: {e.hint})" if e.hint else ""))
+        return 1
+    except OSError as e:
+        log_error(opts, f"editing the bundle's config.json: {e}")
+        return 1
     try:
         os.execv(runtime, [runtime] + argv)
     except OSError as e:

@@ -107,17 +107,6 @@ def test_devices_without_mknod():
                     make=False) == ([("/dev/z", "/dev/zero", 1, 5)], [])
 
 
-def test_driver_settings_file(tmp_path):
-    f = tmp_path / "oci.conf"
-    f.write_text("# sim\ndriver_root=/sim/host\ndev_root = /sim/dev\n")
-    os.chmod(f, 0o644)
-    assert oc.driver_settings({"GPUSANDBOX_OCI_CONFIG": str(f)}) == ("/sim/host", "/sim/dev")
-    os.chmod(f, 0o666)
-    with pytest.raises(UsageError):
-        oc.driver_settings({"GPUSANDBOX_OCI_CONFIG": str(f)})
-    assert oc.driver_settings({"GPUSANDBOX_DRIVER_ROOT": "/x"})[0] == "/x"
-
-
 def test_signals_and_ids():
     assert [ops.parse_signal(s) for s in ("9", "KILL", "SIGTERM", "term", "RTMIN+2")] == \
         [9, 9, 15, 15, 36]

@@ -16,7 +16,7 @@ import time
 
 from ... import plan as planmod
 from ...errors import SandboxError
-from ...linux import cgroup
+from ...linux import cgroup, host
 from ...linux import sys as k
 from ...linux.host import host_uid
 from ...stages import channel, parent
@@ -28,17 +28,19 @@ from . import state
 def _setns(join):
     """Namespaces given by path are joined by this process before the clone:
     the init then starts inside them (setns(2); no flag for them in clone3)."""
-    for t, path in join:
+    fds, paths = [], dict(join)
+    try:
+        for t, path in join:
+            try:
+                fds.append((t, os.open(path, os.O_RDONLY | os.O_CLOEXEC)))
+            except OSError as e:
+                raise SandboxError(f"joining the {t} namespace {path}", e.strerror) from None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise SandboxError(f"joining the {t} namespace {path}", e.strerror) from None
-        try:
-            k.syscall("setns", fd, ociconfig.NS_FLAGS[t])
-        except OSError as e:
-            raise SandboxError(f"joining the {t} namespace {path}", e.strerror) from None
-        finally:
-            os.close(fd)
+            host.join_ns(fds)
+        except host.NamespaceError as e:
+            raise SandboxError(f"joining the {e.ns} namespace {paths[e.ns]}", e.strerror) from None
+    finally:
+        host.close_ns(fds)
 
 
 def _rlimits(x):
@@ -120,7 +122,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             x.hook_state = {"ociVersion": "1.0.2", "id": cid, "status": "created",
                             "bundle": os.path.abspath(bundle), "annotations": x.annotations}
         x.premade = None
-        if x.mknod and plan.clone_flags & ociconfig.NS_FLAGS["user"]:
+        if x.mknod and plan.clone_flags & host.NS_FLAGS["user"]:
             from ...stages.ocisetup import premake_devices
             try:
                 x.premade = premake_devices(x.mknod, over["idmaps"])

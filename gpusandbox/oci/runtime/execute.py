@@ -13,6 +13,7 @@ import os
 import socket
 
 from ...errors import SandboxError
+from ...linux import host
 from ...linux import sys as k
 from ...plan import LaunchPlan
 from ...spec import RunSpec
@@ -21,10 +22,6 @@ from ...stages import channel, command
 from ...stages.init import _open_pty
 from .. import config as ociconfig
 from . import state
-
-NS_ORDER = ("user", "ipc", "uts", "net", "pid", "cgroup", "mnt")
-NS_FLAG = {"user": 0x10000000, "ipc": 0x08000000, "uts": 0x04000000, "net": 0x40000000,
-           "pid": 0x20000000, "cgroup": 0x02000000, "mnt": 0x00020000}
 
 
 def _parse(rest):
@@ -88,7 +85,7 @@ def _plan(st, proc, rest_flags=()):
     x.umask = user.get("umask") if isinstance(user.get("umask"), int) else None
     from ..configproc import parse as proc_settings
     x.proc = proc_settings(proc) or None
-    if _setgroups_denied(st["pid"]):
+    if host.setgroups_denied(st["pid"]):
         # The container's user namespace denies setgroups(2) (a map written
         # without it, or `unshare -r` above it), as create's apply() allows
         # for: the process keeps the groups it has.
@@ -100,14 +97,6 @@ def _plan(st, proc, rest_flags=()):
         from ...linux import seccomp as sc
         plan.seccomp = sc.compile_bytes(json.dumps(seccomp), sc.host_arch(), "linux.seccomp")
     return plan
-
-
-def _setgroups_denied(pid):
-    try:
-        with open(f"/proc/{pid}/setgroups") as f:
-            return f.read().strip() == "deny"
-    except OSError:
-        return False
 
 
 def main_exec(root, rest, log):
@@ -122,15 +111,12 @@ def main_exec(root, rest, log):
     tty = bool(proc.get("terminal"))
     if tty and not console:
         raise SandboxError("exec --tty needs --console-socket")
-    nsfds = []
-    for name in NS_ORDER:
-        try:
-            if os.stat(f"/proc/{st['pid']}/ns/{name}").st_ino == \
-                    os.stat(f"/proc/self/ns/{name}").st_ino:
-                continue       # shared with us (a namespace the config did not ask for)
-            nsfds.append((name, os.open(f"/proc/{st['pid']}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)))
-        except OSError as e:
-            raise SandboxError(f"exec: opening the container's {name} namespace", e.strerror) from None
+    try:
+        # Those shared with us (namespaces the config did not ask for) are left out.
+        nsfds = host.open_ns(st["pid"])
+    except host.NamespaceError as e:
+        raise SandboxError(f"exec: opening the container's {host.NS_PROC[e.ns]} namespace",
+                           e.strerror) from None
     if not state.alive(st):
         raise SandboxError("container not running")
     if not detach:
@@ -142,8 +128,7 @@ def main_exec(root, rest, log):
         os.close(pid_r)
         os.close(err_r)
         _join(st, plan, nsfds, pid_w, err_w, console if tty else None)
-    for _, fd in nsfds:
-        os.close(fd)
+    host.close_ns(nsfds)
     os.close(pid_w)
     os.close(err_w)
     data = os.read(pid_r, 32)
@@ -191,10 +176,13 @@ def _join(st, plan, nsfds, pid_w, err_w, console):
         if st.get("cgroup"):
             with open(os.path.join(st["cgroup"], "cgroup.procs"), "w") as f:
                 f.write("0")
-        for name, fd in nsfds:
-            step = f"joining the container's {name} namespace"
-            k.syscall("setns", fd, NS_FLAG[name])
-            os.close(fd)
+        step = "joining the container's namespaces"
+        try:
+            host.join_ns(nsfds)
+        except host.NamespaceError as e:
+            step = f"joining the container's {host.NS_PROC[e.ns]} namespace"
+            raise
+        host.close_ns(nsfds)
         step = "starting the process"
         pid = os.fork()
         if pid:
