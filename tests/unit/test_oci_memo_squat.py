@@ -15,7 +15,9 @@ from gpusandbox.errors import UsageError
 from gpusandbox.oci import filter as ocifilter
 from gpusandbox.oci import memo
 
-FAKE_UID = 3999999917
+# Made up, and this worker's own (xdist runs this module's tests side by
+# side: one shared name would be one test's directory in another's way).
+FAKE_UID = 3900000000 + os.getpid() % 1000000
 NAME = f"/tmp/gpusandbox-{FAKE_UID}"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chowns to another uid")
