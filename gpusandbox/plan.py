@@ -241,6 +241,8 @@ def _identity(plan, spec, host_env=None):
 
 def _check_binds(spec):
     for b in spec.binds:
+        if b.src is None:
+            continue    # a tmpfs (--mount type=tmpfs): nothing of the host
         try:
             b.kind = "dir" if stat.S_ISDIR(os.stat(b.src).st_mode) else "file"
         except FileNotFoundError:
