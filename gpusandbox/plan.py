@@ -368,8 +368,8 @@ def build(spec, host_env=None):
                 spec.net = asked_net
                 _identity(plan, spec, host_env)
         elif not spec.argv:
-            raise UsageError("missing command", None,
-                             "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
+            raise UsageError("missing command", None, "a directory image needs one: "
+                             "gpusandbox run [options] IMAGE_DIR [--] CMD [ARG...]")
     # After every identity choice (a .sqsh file's User chooses again): the
     # pod takes the user, pid and IPC namespaces the identity set up.
     if spec.share == "node" or (spec.share is None and host_env.get("SLURM_STEP_ID")):

@@ -69,6 +69,9 @@ class RunSpec:
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
         # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
+        # one-line notes of the parser for the user (a --gpus N that docker
+        # would read as a count)
+        "notes",
         # GPU sharing and forward compatibility (docs/sharing.md)
         "cuda_compat", "gpu_memory", "gpu_compute",
         # pod mode (hpc/pod.py): --share, --shm-size, --gpu-visibility
@@ -115,6 +118,7 @@ class RunSpec:
         self.image_env = None        # (env items, workdir) of a store image's config
         self.image_fd = None         # O_PATH fd of a store image's rootfs (storeread.py)
         self.pause_at = None
+        self.notes = []
         self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)
         self.gpu_memory = None       # --gpu-memory text, checked by gpu/share.py
         self.gpu_compute = None      # --gpu-compute text

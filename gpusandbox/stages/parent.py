@@ -51,6 +51,9 @@ def _write_maps(plan, pid):
 def launch(spec):
     import _signal
     plan = planmod.build(spec)
+    # After the plan: a selection that fails says the same in its hint.
+    for note in spec.notes:
+        _say(f"note: {note}")
     for w in plan.warnings:
         _say(w)
     member = None
