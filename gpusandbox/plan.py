@@ -94,7 +94,7 @@ class LaunchPlan:
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
-                 "own_cgroup", "squash", "squash_pid", "forced_env", "pod",
+                 "own_cgroup", "squash", "squash_pid", "forced_env", "pod", "gpu",
                  # an OCI runtime launch (oci/config.py OciExtras), else None
                  "oci")
 
@@ -118,6 +118,9 @@ class LaunchPlan:
         # Pod mode: an hpc.pod.Pod; the rank joins the pod's namespaces.
         self.pod = None
         self.oci = None
+        # The GPU selection (gpu/select.Selection), None when the launch has
+        # no GPU support: no driver file was injected.
+        self.gpu = None
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
@@ -275,10 +278,11 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     if not select.needs_gpu(gpus, host_env):
         return {}
     from .gpu import discover, inject
-    host = discover.discover(spec.driver_root or "/", spec.dev_root, environ=host_env)
+    host = discover.discover(*driver_roots(spec, host_env), environ=host_env)
     sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
     if sel is None:
         return {}
+    plan.gpu = sel
     if spec.gpu_visibility == "step":
         from .hpc import gpuvis
         sel = gpuvis.widen(sel, host, host_env, plan.notes)
@@ -303,6 +307,17 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     plan.edits.extend(edits)
     plan.device_rules = inject.device_rules(host, sel)
     return edits.env
+
+
+def driver_roots(spec, host_env):
+    """(driver root, dev root): the options, else the caller's variables that
+    the OCI entries read too (oci/confighost.py).  --driver-root wins over
+    both variables: GPUSANDBOX_DEV_ROOT belongs with GPUSANDBOX_DRIVER_ROOT's
+    root, not with another one given on the command line."""
+    if spec.driver_root:
+        return spec.driver_root, spec.dev_root
+    return (host_env.get("GPUSANDBOX_DRIVER_ROOT") or "/",
+            spec.dev_root or host_env.get("GPUSANDBOX_DEV_ROOT") or None)
 
 
 def _cdi(plan, spec, rootfd, host_env):
