@@ -91,7 +91,9 @@ def main(argv=None):
         sys.stdout.write(f"gpusandbox {__version__}\n")
         return 0
     from .errors import printable
-    sys.stderr.write(f"gpusandbox: error: unknown command: {printable(cmd)}\n"
+    from .suggest import unknown_command
+    what = unknown_command(cmd, [*_COMMANDS, "run", "oci", "version", "help"])
+    sys.stderr.write(f"gpusandbox: error: {printable(what)}\n"
                      "hint: run 'gpusandbox --help' for the list of commands\n")
     return 125
 

@@ -8,9 +8,12 @@ import os
 import sys
 
 from .errors import SandboxError, UsageError, EXIT_LAUNCHER, message
-from .spec import Bind, RunSpec, names_squashfs
+from .mountopt import parse_bind, parse_mount
+from .spec import RunSpec, names_squashfs
 
-RUN_HELP = """usage: gpusandbox run [options] IMAGE [--] [CMD [ARG...]]
+RUN_USAGE = "gpusandbox run [options] IMAGE [--] [CMD [ARG...]]"
+
+RUN_HELP = f"""usage: {RUN_USAGE}
 
 Run CMD inside IMAGE: a root filesystem directory, an OCI bundle (config.json
 and rootfs/), or an image reference: docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST],
@@ -24,14 +27,19 @@ Entrypoint + Cmd).  CMD is looked up on the image's PATH.
 
 GPUs:
   --gpus all|none|auto|LIST   GPUs to inject: indices, GPU-<uuid>, PCI bus ids, MIG g:i, MIG-<uuid>
-                              (default: the caller's NVIDIA_VISIBLE_DEVICES; unset = no GPU support)
+                              (default: the caller's NVIDIA_VISIBLE_DEVICES; unset = no GPU support);
+                              a GPU named twice is refused.  Docker's forms: device=LIST (also
+                              '"device=1,2"'), count=N (the first N GPUs), count=all.  A bare
+                              number is an index: --gpus 2 is GPU 2, not two GPUs (a note says so)
   --gpu-caps CAPS             driver capabilities (default utility,compute; 'all')
   --gpu-memory SIZE           GPU memory ceiling per CUDA process (8G, 512M) through MPS
   --gpu-compute PCT           share of the GPU's SMs per CUDA process (30%) through MPS
                               (docs/sharing.md: what enforces them and where they end)
   --cuda-compat auto|off|force  prefer the image's forward-compat libcuda (default auto)
-  --driver-root DIR           where the host driver lives (default /)
-  --dev-root DIR              where its device nodes live (default DRIVER_ROOT/dev)
+  --driver-root DIR           where the host driver lives (default: the driver-root setting,
+                              $GPUSANDBOX_DRIVER_ROOT or oci.conf, docs/runtime.md; else /)
+  --dev-root DIR              where its device nodes live (default: without --driver-root,
+                              the dev-root setting; else DRIVER_ROOT/dev)
   --no-require                skip the image's CUDA requirement check (warns)
   --device HOST[:DST]         add a host character device (e.g. /dev/infiniband/uverbs0) at
                               DST under /dev (default: the same path, or /dev/NAME);
@@ -43,7 +51,7 @@ Identity and namespaces:
   --userns auto|single|subids|host
                               auto: a user namespace when not root; single: one-id map;
                               subids: full range via newuidmap/newgidmap; host: none (root only)
-  --user UID[:GID]            run as this user (real root only), supplementary groups cleared
+  -u, --user UID[:GID]        run as this user (real root only), supplementary groups cleared
   --net host|none             host: share the host's network namespace; none: a private one with
                               loopback only.  Default: none when the command would be uid 0 on
                               the host (real root without --user), else host
@@ -61,7 +69,14 @@ Root filesystem:
                               (refused for /: no overlay can carry the host's submounts)
   --rw                        write through to IMAGE_DIR (missing mount points are created in it;
                               refused for /)
-  -v, --bind SRC:DST[:ro|rw]  bind-mount a host path (repeatable; default rw)
+  -v, --bind SRC:DST[:ro|rw]  bind-mount a host path (repeatable; default rw; also --volume)
+  -v PATH                     the host's PATH at the same path inside, rw
+  --mount type=bind,src=SRC,dst=DST[,ro]
+                              docker's spelling of -v (source=, target=, destination=, readonly;
+                              bind-propagation=rslave only: what every bind does)
+  --mount type=tmpfs,dst=DST[,tmpfs-size=SIZE][,tmpfs-mode=OCTAL][,ro]
+                              a fresh tmpfs at DST (default mode 1777, size: half of RAM)
+                              Every -v and --mount is nosuid,nodev; they apply in the order given
 Process:
   -w, --workdir DIR           working directory (default: the image's, else /)
   -e, --env KEY=VALUE|KEY     set a variable (KEY alone copies the host's value)
@@ -69,6 +84,8 @@ Process:
   --env-host                  pass the whole host environment (never LD_PRELOAD, LD_LIBRARY_PATH,
                               PYTHONPATH unless given with -e)
   -t, --tty                   allocate a pseudo-terminal when stdin is a terminal
+  -i, --interactive           accepted for docker's habit (-it, -ti): stdin is always the caller's
+  --rm                        accepted for docker's habit: a sandbox never outlives its command
   --seccomp PROFILE|unconfined  seccomp profile name (default, profiling) or JSON file
 cgroup:
   --cgroup-parent PATH        parent cgroup for the sandbox's leaf (default: the launcher's)
@@ -95,6 +112,7 @@ _OPTS = {
     "--gpus": "gpus", "--gpu-caps": "gpu_caps", "--driver-root": "driver_root",
     "--dev-root": "dev_root", "--userns": "userns", "--user": "user", "--net": "net",
     "--hostname": "hostname", "-v": "bind", "--bind": "bind", "--volume": "bind",
+    "--mount": "mount", "-u": "user",
     "-w": "workdir", "--workdir": "workdir", "-e": "env", "--env": "env",
     "--env-file": "env_file", "--seccomp": "seccomp", "--cgroup-parent": "cgroup_parent",
     "--memory": "memory", "--memory-swap": "memory_swap", "--pids-limit": "pids_limit",
@@ -108,30 +126,19 @@ _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
     "--env-host": "env_host", "-t": "tty", "--tty": "tty", "--verbose": "verbose",
     "--no-require": "no_require", "--best-effort-limits": "best_effort",
+    # docker's habits with nothing to do here: stdin is always passed on, and
+    # a sandbox never outlives its command.
+    "-i": None, "--interactive": None, "--rm": None,
 }
+# Short options that take a value, for docker's clusters (-it, -itv SRC:DST,
+# -w/tmp): the last letter of a cluster may take the rest, or the next word.
+_SHORT_VALUE = {o for o in _OPTS if len(o) == 2}
+_SHORT_FLAG = {o for o in _FLAGS if len(o) == 2}
+_OPT_HINT = "run 'gpusandbox run --help' for the options"
 
 
 def _bad(what, why, hint):
     raise UsageError(what, why, hint)
-
-
-def parse_bind(value):
-    parts = value.split(":")
-    if len(parts) == 2:
-        src, dst, mode = parts[0], parts[1], "rw"
-    elif len(parts) == 3:
-        src, dst, mode = parts
-    else:
-        _bad(f"invalid --bind {value!r}", "expected SRC:DST[:ro|rw]",
-             "example: -v /scratch/data:/data:ro")
-    if mode not in ("ro", "rw"):
-        _bad(f"invalid --bind {value!r}", f"unknown mode {mode!r}", "use :ro or :rw")
-    if not src or not dst.startswith("/"):
-        _bad(f"invalid --bind {value!r}", "SRC must be given and DST must be absolute",
-             "example: -v /scratch/data:/data")
-    if "\0" in value or any(p == ".." for p in dst.split("/")):
-        _bad(f"invalid --bind {value!r}", "DST may not contain '..'", "give a plain absolute path")
-    return Bind(os.path.abspath(src), os.path.normpath(dst), mode == "rw")
 
 
 def parse_device(value):
@@ -189,6 +196,98 @@ def is_image_ref(text):
     return text.isascii() and all(c.isalnum() or c in "._-/:@" for c in text)
 
 
+def _words(argv, i):
+    """The options the word argv[i] gives, as [(option, value or None)], and
+    the index of the next word.  Besides --opt VALUE and --opt=VALUE, docker's
+    clusters of short options: -it, -ti, -itv SRC:DST, -w/tmp."""
+    a = argv[i]
+    name, eq, val = a.partition("=")
+    if name in _FLAGS:
+        if eq:
+            _bad(f"option {name} takes no value", None, f"write {name} alone")
+        return [(name, None)], i + 1
+    if name in _OPTS:
+        if eq:
+            return [(name, val)], i + 1
+        if i + 1 >= len(argv):
+            _bad(f"option {name} needs a value", None, _OPT_HINT)
+        return [(name, argv[i + 1])], i + 2
+    if not a.startswith("--") and len(a) > 2:
+        items = []
+        for j in range(1, len(a)):
+            opt = "-" + a[j]
+            if opt in _SHORT_FLAG:
+                items.append((opt, None))
+            elif opt in _SHORT_VALUE:
+                rest = a[j + 1:]
+                if rest:
+                    return items + [(opt, rest[1:] if rest[0] == "=" else rest)], i + 1
+                if i + 1 >= len(argv):
+                    _bad(f"option {opt} needs a value", None, _OPT_HINT)
+                return items + [(opt, argv[i + 1])], i + 2
+            else:
+                break
+        else:
+            return items, i + 1
+    from .suggest import unknown_option
+    raise unknown_option(a, name, list(_OPTS) + list(_FLAGS), _OPT_HINT)
+
+
+def _flag(spec, attr):
+    if attr == "writable_tmpfs":
+        spec.rootfs_mode = "tmpfs-overlay"
+    elif attr == "rw":
+        spec.rootfs_mode = "rw"
+    elif attr is not None:
+        setattr(spec, attr, True)
+
+
+def _option(spec, name, val):
+    attr = _OPTS[name]
+    if attr == "bind":
+        spec.binds.append(parse_bind(val))
+    elif attr == "mount":
+        spec.binds.append(parse_mount(val))
+    elif attr == "gpus":
+        from .gpu.selector import normalise
+        spec.gpus, note = normalise(val)
+        if note:
+            spec.notes.append(note)
+    elif attr == "env":
+        spec.env_set.append(parse_env_item(val))
+    elif attr == "device":
+        if is_cdi_name(val):
+            spec.cdi_devices.append(val)
+        else:
+            spec.devices.append(parse_device(val))
+    elif attr == "env_file":
+        spec.env_files.append(val)
+    elif attr == "user":
+        spec.user = parse_user(val)
+    elif attr == "userns":
+        if val not in ("auto", "single", "subids", "host"):
+            _bad(f"invalid --userns {val!r}", None, "use auto, single, subids or host")
+        spec.userns = val
+    elif attr == "cuda_compat":
+        if val not in ("auto", "off", "force"):
+            _bad(f"invalid --cuda-compat {val!r}", None, "use auto, off or force")
+        spec.cuda_compat = val
+    elif attr in ("share", "gpu_visibility"):
+        allowed = ("node", "none") if attr == "share" else ("task", "step")
+        if val not in allowed:
+            _bad(f"invalid {name} {val!r}", None, f"use {allowed[0]} or {allowed[1]}")
+        setattr(spec, attr, val)
+    elif attr == "profile":
+        from .profile import parse
+        spec.profile = parse(val)
+    elif attr == "net":
+        if val not in ("host", "none"):
+            _bad(f"invalid --net {val!r}", None, "use host or none")
+        spec.net = val
+    else:
+        setattr(spec, attr, val)
+
+
 def parse_run_args(argv):
     spec = RunSpec()
     i, n = 0, len(argv)
@@ -201,64 +300,14 @@ def parse_run_args(argv):
             break
         if a in ("-h", "--help"):
             return None
-        name, eq, val = a.partition("=")
-        if name in _FLAGS and not eq:
-            attr = _FLAGS[name]
-            if attr == "writable_tmpfs":
-                spec.rootfs_mode = "tmpfs-overlay"
-            elif attr == "rw":
-                spec.rootfs_mode = "rw"
+        items, i = _words(argv, i)
+        for name, val in items:
+            if val is None:
+                _flag(spec, _FLAGS[name])
             else:
-                setattr(spec, attr, True)
-            i += 1
-            continue
-        if name not in _OPTS:
-            _bad(f"unknown option {a!r}", None, "run 'gpusandbox run --help' for the options")
-        if not eq:
-            if i + 1 >= n:
-                _bad(f"option {name} needs a value", None, "run 'gpusandbox run --help'")
-            val = argv[i + 1]
-            i += 2
-        else:
-            i += 1
-        attr = _OPTS[name]
-        if attr == "bind":
-            spec.binds.append(parse_bind(val))
-        elif attr == "env":
-            spec.env_set.append(parse_env_item(val))
-        elif attr == "device":
-            if is_cdi_name(val):
-                spec.cdi_devices.append(val)
-            else:
-                spec.devices.append(parse_device(val))
-        elif attr == "env_file":
-            spec.env_files.append(val)
-        elif attr == "user":
-            spec.user = parse_user(val)
-        elif attr == "userns":
-            if val not in ("auto", "single", "subids", "host"):
-                _bad(f"invalid --userns {val!r}", None, "use auto, single, subids or host")
-            spec.userns = val
-        elif attr == "cuda_compat":
-            if val not in ("auto", "off", "force"):
-                _bad(f"invalid --cuda-compat {val!r}", None, "use auto, off or force")
-            spec.cuda_compat = val
-        elif attr in ("share", "gpu_visibility"):
-            allowed = ("node", "none") if attr == "share" else ("task", "step")
-            if val not in allowed:
-                _bad(f"invalid {name} {val!r}", None, f"use {allowed[0]} or {allowed[1]}")
-            setattr(spec, attr, val)
-        elif attr == "profile":
-            from .profile import parse
-            spec.profile = parse(val)
-        elif attr == "net":
-            if val not in ("host", "none"):
-                _bad(f"invalid --net {val!r}", None, "use host or none")
-            spec.net = val
-        else:
-            setattr(spec, attr, val)
+                _option(spec, name, val)
     if i >= n:
-        _bad("missing IMAGE_DIR", None, "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
+        _bad("missing IMAGE", None, f"usage: {RUN_USAGE} ('gpusandbox run --help': the options)")
     spec.image = argv[i]
     spec.image_ref = is_image_ref(spec.image)
     rest = argv[i + 1:]
@@ -266,7 +315,8 @@ def parse_run_args(argv):
         rest = rest[1:]
     # A squashfs file may carry its image config (the command among it).
     if not rest and not spec.image_ref and not names_squashfs(spec.image):
-        _bad("missing command", None, "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
+        _bad("missing command", None,
+             "a directory image needs one: gpusandbox run [options] IMAGE_DIR [--] CMD [ARG...]")
     spec.argv = rest
     if spec.workdir is not None and not spec.workdir.startswith("/"):
         _bad(f"invalid --workdir {spec.workdir!r}", "it must be an absolute path in the image",

@@ -94,7 +94,7 @@ class LaunchPlan:
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
                  "device_rules", "notes", "warnings",
-                 "own_cgroup", "squash", "squash_pid", "forced_env", "pod",
+                 "own_cgroup", "squash", "squash_pid", "forced_env", "pod", "gpu",
                  # IMAGE is the host's root (hostroot.py): tmpfs to hide, sockets to cover
                  "host_root", "hide", "masks",
                  # an OCI runtime launch (oci/config.py OciExtras), else None
@@ -123,6 +123,9 @@ class LaunchPlan:
         self.host_root = False
         self.hide = ()
         self.masks = ()
+        # The GPU selection (gpu/select.Selection), None when the launch has
+        # no GPU support: no driver file was injected.
+        self.gpu = None
 
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
@@ -246,6 +249,8 @@ def _identity(plan, spec, host_env=None):
 
 def _check_binds(spec):
     for b in spec.binds:
+        if b.src is None:
+            continue    # a tmpfs (--mount type=tmpfs): nothing of the host
         try:
             b.kind = "dir" if stat.S_ISDIR(os.stat(b.src).st_mode) else "file"
         except FileNotFoundError:
@@ -278,17 +283,19 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     if not select.needs_gpu(gpus, host_env):
         return {}
     from .gpu import discover, inject
-    host = discover.discover(spec.driver_root or "/", spec.dev_root, environ=host_env)
+    roots = driver_roots(spec, host_env)
+    host = discover.discover(*roots, environ=host_env)
     sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
     if sel is None:
         return {}
+    plan.gpu = sel
     if spec.gpu_visibility == "step":
         from .hpc import gpuvis
         sel = gpuvis.widen(sel, host, host_env, plan.notes)
     from .gpu import compat, require
     # The host's own driver in the host's own root is used as the host's
     # loader finds it: no cache is written, so no compat choice either.
-    decision = None if plan.host_root and _same_root(spec.driver_root) else \
+    decision = None if plan.host_root and _same_root(roots[0]) else \
         compat.for_launch(spec.cuda_compat, rootfd, host, sel, plan.notes)
     warn = require.check(req_env, rootfd, host, None, host_env,
                          gpus=sel.node_gpus(), no_require=spec.no_require, compat=decision)
@@ -297,7 +304,7 @@ def _gpu(plan, spec, rootfd, req_env, host_env):
     edits = inject.build_edits(host, sel, rootfd, host_env,
                                private=spec.rootfs_mode == "rw" or plan.host_root,
                                notes=plan.notes, compat=decision,
-                               in_place=plan.host_root and _same_root(spec.driver_root))
+                               in_place=plan.host_root and _same_root(roots[0]))
     if spec.gpu_memory is not None or spec.gpu_compute is not None:
         from .gpu import share
         share.apply(plan, spec, host, sel, edits, host_env)
@@ -317,6 +324,19 @@ def _same_root(driver_root):
         return os.path.samefile(driver_root or "/", "/")
     except OSError:
         return False
+
+
+def driver_roots(spec, host_env):
+    """(driver root, dev root): the options, else the settings every entry
+    reads (gpusandbox/settings.py: GPUSANDBOX_DRIVER_ROOT/GPUSANDBOX_DEV_ROOT,
+    then the settings files).  --driver-root wins over both: a dev root
+    from the settings belongs with their driver root, not with another one
+    given on the command line."""
+    if spec.driver_root:
+        return spec.driver_root, spec.dev_root
+    from . import settings
+    root, dev = settings.driver_roots(host_env)
+    return root, spec.dev_root or dev
 
 
 def _cdi(plan, spec, rootfd, host_env):
@@ -387,8 +407,8 @@ def build(spec, host_env=None):
                 spec.net = asked_net
                 _identity(plan, spec, host_env)
         elif not spec.argv:
-            raise UsageError("missing command", None,
-                             "usage: gpusandbox run [options] IMAGE_DIR CMD [ARG...]")
+            raise UsageError("missing command", None, "a directory image needs one: "
+                             "gpusandbox run [options] IMAGE_DIR [--] CMD [ARG...]")
     # After every identity choice (a .sqsh file's User chooses again): the
     # pod takes the user, pid and IPC namespaces the identity set up.
     if spec.share == "node" or (spec.share is None and host_env.get("SLURM_STEP_ID")):

@@ -25,6 +25,30 @@ class Bind:
         return f"Bind({self.src!r}:{self.dst!r}:{'rw' if self.rw else 'ro'})"
 
 
+class Tmpfs:
+    """--mount type=tmpfs: a fresh tmpfs at dst, in the list of binds so that
+    every user mount lands in the order given.  src is None: nothing of the
+    host is opened for it."""
+    __slots__ = ("dst", "size", "mode", "rw")
+    src = None
+    kind = "dir"
+
+    def __init__(self, dst, size=None, mode=0o1777, rw=True):
+        self.dst = dst
+        self.size = size         # bytes, or None: the kernel's default (half of RAM)
+        self.mode = mode
+        self.rw = rw
+
+    def options(self):
+        opts = ["source=tmpfs", f"mode={self.mode:o}"]
+        if self.size is not None:
+            opts.append(f"size={self.size}")
+        return tuple(opts)
+
+    def __repr__(self):
+        return f"Tmpfs({self.dst!r} size={self.size} mode={self.mode:o})"
+
+
 class RunSpec:
     __slots__ = (
         "image", "argv",
@@ -45,6 +69,9 @@ class RunSpec:
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
         # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
+        # one-line notes of the parser for the user (a --gpus N that docker
+        # would read as a count)
+        "notes",
         # GPU sharing and forward compatibility (docs/sharing.md)
         "cuda_compat", "gpu_memory", "gpu_compute",
         # pod mode (hpc/pod.py): --share, --shm-size, --gpu-visibility
@@ -65,7 +92,7 @@ class RunSpec:
         self.user_by_image = False
         self.hostname = None
         self.rootfs_mode = "ro"      # ro | tmpfs-overlay | rw
-        self.binds = []
+        self.binds = []              # Bind and Tmpfs, in the order given
         self.workdir = None
         self.env_set = []            # -e items in order: "K=V" or "K"
         self.env_files = []
@@ -93,6 +120,7 @@ class RunSpec:
         self.image_env = None        # (env items, workdir) of a store image's config
         self.image_fd = None         # O_PATH fd of a store image's rootfs (storeread.py)
         self.pause_at = None
+        self.notes = []
         self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)
         self.gpu_memory = None       # --gpu-memory text, checked by gpu/share.py
         self.gpu_compute = None      # --gpu-compute text

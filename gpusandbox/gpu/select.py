@@ -107,7 +107,8 @@ def resolve(gpus_opt, caps_opt, environ, host):
         value, source = _auto(environ, host)
         err = GpuError
     else:
-        value, source, err = gpus_opt, "--gpus", UsageError
+        from gpusandbox.gpu.selector import normalise
+        value, source, err = normalise(gpus_opt)[0], "--gpus", UsageError
         if not value.strip():
             raise UsageError("--gpus ''", "empty selector",
                              hint="use --gpus all, none, or a list such as 0,1")
@@ -127,6 +128,8 @@ def _select(value, source, err, caps, host):
         return Selection([], [], caps, True, "none", source)
     if "all" in low:
         return Selection(list(host.gpus), list(host.migs), caps, False, "all", source)
+    if source == "--gpus" and low[0].startswith("count="):
+        return _count(value, int(low[0][6:]), caps, host)
     gpus, migs = [], []
     mig_by_uuid = None
     for item in items:
@@ -137,14 +140,41 @@ def _select(value, source, err, caps, host):
             m = mig_by_uuid.get(item.lower())
             found = [m] if m is not None else None
         if found is None:
-            raise err(f"{source} {value!r}", f"unknown device {item!r}",
-                      hint="this host has: " + describe(host))
+            hint = "this host has: " + describe(host)
+            if source == "--gpus" and len(items) == 1 and isdigits(item) and len(item) <= 4:
+                n = int(item)
+                hint += f"; for {n} GPU{'s' if n > 1 else ''} (docker's meaning) use " \
+                        f"--gpus count={n}"
+            raise err(f"{source} {value!r}", f"unknown device {item!r}", hint=hint)
         for dev in found:
             target = migs if hasattr(dev, "ci") else gpus
             if dev not in target:
                 target.append(dev)
+            elif source == "--gpus":
+                # The caller's own list: a device named twice (an index and
+                # its UUID, a MIG instance and its GI) is a mistake to say,
+                # not one to hide.
+                raise UsageError(f"invalid --gpus {value!r}",
+                                 f"{item!r} names {_name(dev)} again",
+                                 hint="name each GPU once; this host has: " + describe(host))
     gpus.sort(key=lambda g: g.index)
     return Selection(gpus, migs, caps, False, _visible(gpus, migs), source)
+
+
+def _count(value, n, caps, host):
+    """docker's count=N: the first N GPUs by index."""
+    if n > len(host.gpus):
+        raise UsageError(f"--gpus {value}", f"this host has {len(host.gpus)} GPU"
+                         f"{'' if len(host.gpus) == 1 else 's'}",
+                         hint="this host has: " + (describe(host) or "no GPU"))
+    gpus = sorted(host.gpus, key=lambda g: g.index)[:n]
+    return Selection(gpus, [], caps, False, _visible(gpus, []), "--gpus")
+
+
+def _name(dev):
+    if hasattr(dev, "ci"):
+        return f"MIG device {dev.gpu.index}:{dev.gi}:{dev.ci}"
+    return f"GPU {dev.index}"
 
 
 def _bus(s):

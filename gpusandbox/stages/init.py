@@ -38,7 +38,8 @@ def _open_sources(plan):
         finally:
             os.close(fd)
     mounts = [(mnt, m.clone_source(mnt)) for mnt in plan.edits.mounts]
-    binds = [(b, m.clone_tree(b.src, recursive=True)) for b in plan.binds]
+    binds = [(b, None if b.src is None else m.clone_tree(b.src, recursive=True))
+             for b in plan.binds]
     return src, nodes, mounts, binds
 
 
@@ -184,7 +185,16 @@ def _apply_edits(plan, rootfd, nodes, mounts):
 
 
 def _user_binds(rootfd, binds):
+    """-v and --mount, in the order given (a later one may sit inside an
+    earlier one), each nosuid and nodev."""
     for b, fd in binds:
+        if fd is None:
+            # --mount type=tmpfs: a fresh instance, made here where the id
+            # maps are written, so that its root is owned by the sandbox's ids.
+            fd = m.new_fs("tmpfs", b.options(), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
+                          | (0 if b.rw else k.MOUNT_ATTR_RDONLY))
+            m.attach(fd, m.open_target(rootfd, b.dst, b.kind), f"mounting a tmpfs at {b.dst}")
+            continue
         m.restrict(fd, ro=not b.rw, nodev=True, nosuid=True)
         m.attach(fd, m.open_target(rootfd, b.dst, b.kind), f"binding {b.src} at {b.dst}")
 
@@ -298,7 +308,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
         pause_point(plan, "init-mounts")
         step = "injecting GPU devices and driver files"
         _apply_edits(plan, rootfd, nodes, mounts)
-        step = "bind-mounting -v sources"
+        step = "mounting -v and --mount sources"
         _user_binds(rootfd, binds)
         if oci_src is not None:
             step = "mounting the OCI config's mounts"

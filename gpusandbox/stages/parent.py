@@ -51,6 +51,9 @@ def _write_maps(plan, pid):
 def launch(spec):
     import _signal
     plan = planmod.build(spec)
+    # After the plan: a selection that fails says the same in its hint.
+    for note in spec.notes:
+        _say(f"note: {note}")
     for w in plan.warnings:
         _say(w)
     member = None
@@ -102,7 +105,12 @@ def launch(spec):
             _, fds, _, _ = socket.recv_fds(tty[0], 1, 1)
             tty[0].close()
             master = fds[0] if fds else None
-        status = _supervise(child, err_r, master)
+        try:
+            status = _supervise(child, err_r, master)
+        except SandboxError as e:
+            if e.code == 127:
+                _no_gpu(plan, e)
+            raise
         os.close(go_w)
     finally:
         if child is not None:
@@ -119,6 +127,21 @@ def launch(spec):
             for note in cg.notes[seen:]:
                 _say(note)
     return status
+
+
+def _no_gpu(plan, err):
+    """A driver binary (nvidia-smi...) not found in a launch that selected no
+    GPU: the image's PATH is not the cause, the missing --gpus is."""
+    if plan.oci is not None or plan.gpu is not None or plan.spec.cdi_devices \
+            or not plan.argv:
+        return
+    from ..gpu.discover import CAP_BINS
+    name = os.path.basename(plan.argv[0])
+    if any(name in bins for bins in CAP_BINS.values()):
+        err.what = f"command not found in the image: {plan.argv[0]}"
+        err.why = f"no GPU was selected, so the driver's {name} was not injected"
+        err.hint = ("select GPUs with --gpus (--gpus all, --gpus 0, --gpus count=1) "
+                    "or NVIDIA_VISIBLE_DEVICES")
 
 
 def spawn_init(plan, cg, tty, wait, member=None, hold=False):

@@ -67,6 +67,11 @@ def bases(rootfs, sim, token, work):
          ["--best-effort-limits"]], cmd0)
     run([["--device", "/dev/null:/dev/fz"], ["--root"], ["--dev-root", "/dev"]], cmd3)
     run([["--user", "1000:1000"], ["--seccomp", "unconfined"], ["--", ]], cmd0)
+    # docker's spellings (tests/integration/test_cli_docker.py)
+    run([["-it"], ["--rm"], ["--mount", f"type=bind,src={work},dst=/mnt,ro"],
+         ["--mount", "type=tmpfs,dst=/scratch,tmpfs-size=1m,tmpfs-mode=1777"], ["-v", work]], cmd0)
+    run([["--driver-root", sim], ["--gpus", "count=2"], ["-w/tmp"], ["-u", "0:0"]], cmd3)
+    run([["--driver-root", sim], ["--gpus", '"device=0,1"']], cmd0)
     for argv in (["info", "--driver-root", sim], ["info", "--driver-root", sim, "--json"],
                  ["list", "--driver-root", sim, "--gpus", "0,1", "--gpu-caps", "all"],
                  ["version"]):

@@ -39,7 +39,7 @@ def test_parser_double_dash_and_flags():
     (["-v", "/a:relative", "/i", "x"], "invalid --bind"),
     (["--device", "/dev/x:/opt/x", "/i", "x"], "invalid --device"),
     (["--hostname", "a/b", "/i", "x"], "invalid --hostname"),
-    ([], "missing IMAGE_DIR"),
+    ([], "missing IMAGE"),
 ])
 def test_parser_errors_name_the_input(argv, needle):
     with pytest.raises(UsageError) as ei:
