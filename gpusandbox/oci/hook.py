@@ -107,6 +107,8 @@ class _Plan:
     class spec:
         rootfs_mode = "overlay"
 
+    host_root = False       # a container's root is never the host's
+
     def __init__(self, edits):
         self.edits = edits
 
