@@ -63,11 +63,12 @@ def parse_bind(value):
     return Bind(os.path.abspath(src), dst, mode == "rw")
 
 
-def _fields(value):
-    """docker's CSV: comma-separated KEY[=VALUE] fields, a double-quoted part
-    keeping its commas."""
+def csv_fields(text):
+    """docker's CSV (--mount, --gpus): comma-separated fields, a double-quoted
+    part keeping its commas, the quotes dropped; None when a quote is left
+    open."""
     out, cur, quoted = [], [], False
-    for ch in value:
+    for ch in text:
         if ch == '"':
             quoted = not quoted
         elif ch == "," and not quoted:
@@ -76,9 +77,16 @@ def _fields(value):
         else:
             cur.append(ch)
     if quoted:
-        _bad("--mount", value, "unbalanced double quote", None)
+        return None
     out.append("".join(cur))
     return out
+
+
+def _fields(value):
+    fields = csv_fields(value)
+    if fields is None:
+        _bad("--mount", value, "unbalanced double quote", None)
+    return fields
 
 
 def _bool(value, key, text):

@@ -22,21 +22,11 @@ def _bad(text, why, hint=None):
 
 
 def _fields(text):
-    """Comma-separated fields, a double-quoted part keeping its commas (the
-    CSV quoting docker's --gpus takes); the quotes themselves are dropped."""
-    out, cur, quoted = [], [], False
-    for ch in text:
-        if ch == '"':
-            quoted = not quoted
-        elif ch == "," and not quoted:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if quoted:
+    from gpusandbox.mountopt import csv_fields
+    fields = csv_fields(text)
+    if fields is None:
         raise _bad(text, "unbalanced double quote")
-    out.append("".join(cur))
-    return out
+    return fields
 
 
 def _key(item):
