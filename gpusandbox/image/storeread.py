@@ -20,7 +20,8 @@ import os
 import stat
 
 from ..linux.sys import read_fd
-from . import (ImageError, looks_like_transport, parse_digest, parse_ref, store_name,
+from . import (ImageError, check_platform, command, host_platform,  # noqa: F401
+               looks_like_transport, parse_digest, parse_ref, ref_fast, store_name,
                validate_digest)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -262,42 +263,6 @@ MAX_ITEMS = 4096            # as config.MAX_ITEMS
 MAX_STR = 1 << 16           # as config.MAX_STR
 
 
-_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x",
-         "armv7l": "arm", "i686": "386", "riscv64": "riscv64"}
-
-
-def host_platform():
-    arch = os.uname().machine
-    return {"os": "linux", "architecture": _ARCH.get(arch, arch),
-            "variant": "v8" if arch == "aarch64" else None}
-
-
-def check_platform(c, want, asked):
-    """Refuse an image of another OS or architecture than `want` unless the
-    user asked for that platform (--platform); an image that omits them is
-    taken as it is."""
-    if c.os and c.os != want["os"] or \
-            c.architecture and c.architecture != want["architecture"]:
-        from .manifest import format_platform
-        got = format_platform(c.platform())
-        if asked:
-            raise ImageError(f"the image is for {got}, not the {format_platform(want)} "
-                             "asked for with --platform", None)
-        raise ImageError(f"the image is for {got}; this host runs "
-                         f"{format_platform(want)}", None,
-                         f"to run it anyway (emulated), pass --platform {got}")
-
-
-def command(c, argv, entrypoint):
-    """argv of the run: docker's Entrypoint/Cmd rules.  `entrypoint` is the
-    --entrypoint value (None when not given; '' clears it)."""
-    if entrypoint is not None:
-        ep = [entrypoint] if entrypoint else []
-        return ep + list(argv)
-    ep = c.entrypoint or []
-    return ep + (list(argv) if argv else (c.cmd or []))
-
-
 class RunConfig:
     """The fields of an ImageConfig that `run` uses (config.command,
     config.check_platform, config.resolve_user accept it)."""
@@ -365,22 +330,6 @@ def _list(it):
     if any(len(x) > MAX_STR for x in out):
         raise ValueError("too long")
     return out
-
-
-def ref_fast(data, name):
-    """The ref record set_ref writes, read without the json module when its
-    bytes are exactly what json.dumps gives for a name of plain printable
-    ASCII (every validated reference is): {"name": "N", "digest": "D"}.
-    None means "not that exact form": the caller parses it as JSON."""
-    if not name.isascii() or not name.isprintable() or '"' in name or "\\" in name:
-        return None
-    head = b'{"name": "' + name.encode() + b'", "digest": "'
-    if not data.startswith(head) or not data.endswith(b'"}'):
-        return None
-    dig = data[len(head):-2]
-    if not dig.isascii() or b'"' in dig or b"\\" in dig:
-        return None
-    return {"name": name, "digest": dig.decode()}
 
 
 # -- `run IMAGE` of an image reference -------------------------------------
