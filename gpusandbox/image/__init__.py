@@ -8,8 +8,8 @@ pays for an image module only when IMAGE is an image reference.
 
 This file holds what every image module and a cached `run` need: the
 error, the digest check, the reference grammar (digest.py and ref.py
-re-export them under their own names), the ref file's fast reader, and
-the platform and Entrypoint/Cmd rules.  The package is loaded whenever
+re-export them under their own names), the platform and Entrypoint/Cmd
+rules, and the format of a shared store's seal.  The package is loaded whenever
 any image module is, so code here costs a cached `run` no module import of
 its own (each costs about as much as the lookup itself); the store's read
 path (storeread.py) is the only other image module that `run` loads.
@@ -334,3 +334,51 @@ def command(c, argv, entrypoint):
         return ep + list(argv)
     ep = c.entrypoint or []
     return ep + (list(argv) if argv else (c.cmd or []))
+
+
+# -- the seal of a shared store's tree --------------------------------------
+# A tree published into a store other users read is sealed (unpack.py):
+# root's or the publisher's, no group or other write bit anywhere.  Its
+# `sealed` file (images/<hex>/sealed, layers/<id>/sealed) says so, and lists
+# the directories whose owner or mode the seal changed, as the image had
+# them, which the sandbox shows again in its own overlay (linux/mounts.py):
+#   "gsbx-seal-1" NUL, then per directory: path NUL uid NUL gid NUL mode NUL
+# (path relative to the root, "" for the root itself; uid and gid "-" when
+# the publisher was not root; mode in octal).  A cached `run` of a site
+# store reads it, hence here: the layers' writer and the reader in one place.
+
+SEAL = "sealed"
+SEAL_MAGIC = b"gsbx-seal-1\0"
+MAX_SEAL = 16 << 20
+
+
+def dump_seal(dirs):
+    """Seal bytes of [(path bytes, uid or None, gid or None, mode)]."""
+    out = [SEAL_MAGIC]
+    for path, uid, gid, mode in sorted(dirs):
+        out.append(b"%s\0%s\0%s\0%o\0" % (path, b"-" if uid is None else b"%d" % uid,
+                                           b"-" if gid is None else b"%d" % gid, mode))
+    return b"".join(out)
+
+
+def load_seal(data):
+    """((path, uid or None, gid or None, mode), ...) of seal bytes, or None
+    when they are not exactly that form (the store is another user's)."""
+    if not isinstance(data, bytes) or len(data) > MAX_SEAL or not data.startswith(SEAL_MAGIC):
+        return None
+    fields = data[len(SEAL_MAGIC):].split(b"\0")
+    if fields.pop() != b"" or len(fields) % 4:
+        return None
+    out = []
+    for i in range(0, len(fields), 4):
+        path, uid, gid, mode = fields[i:i + 4]
+        if path and (len(path) > 4096 or any(c in (b"", b".", b"..") or len(c) > 255
+                                             for c in path.split(b"/"))):
+            return None
+        ids = [None if x == b"-" else int(x) if x.isdigit() and len(x) <= 10 else -1
+               for x in (uid, gid)]
+        if any(x is not None and not 0 <= x < 0xFFFFFFFF for x in ids) or \
+                not (mode.isdigit() and len(mode) <= 4 and b"8" not in mode and b"9" not in mode):
+            return None
+        out.append((os.fsdecode(path), ids[0], ids[1], int(mode, 8)))
+    return tuple(out)
