@@ -205,3 +205,17 @@ def test_tree_of_an_older_version_is_refused_until_published_again(site, attack_
         r = site.gsbx(user, ["run", NAME, "sh", "-c", SHOW], own)
         assert (r.returncode, r.stdout) == (0, WANT), r.stderr
 
+
+def test_squashfs_from_a_site_store_has_the_image_directories(site, test_user, shared_tmp):
+    """`pull -o` from the site store: the file holds the directories the
+    seal changed as the image had them, and runs as the store image does."""
+    out = shared_tmp / "out"
+    out.mkdir()
+    os.chown(out, site.owner, -1)
+    sqsh = out / "site.sqsh"
+    r = site.run(site.publisher, [site.cli, "pull", "-q", "--store", str(site.path),
+                                  "-o", str(sqsh), f"docker-archive:{site.archive}"])
+    assert r.returncode == 0, r.stderr
+    for user, own in _victims(test_user, shared_tmp):
+        r = site.gsbx(user, ["run", str(sqsh), "sh", "-c", SHOW], own)
+        assert (r.returncode, r.stdout) == (0, WANT), r.stderr
