@@ -55,6 +55,23 @@ def mount_points(plan):
     return points, links
 
 
+def sealed_dirs(plan):
+    """The directories of a shared store's image to show as the image had
+    them ((path, uid, gid, mode), made in the upper layer: image/storeread.py
+    StoreReader.sealed).  In a user namespace the image's owners cannot be
+    shown, so only what the seal took from the mode (group/other write, as
+    in 1777 directories) is given back, to a directory of the caller's."""
+    out = []
+    for path, uid, gid, mode in plan.spec.image_dirs:
+        if f"/{path}/".startswith(OWN_FS):
+            continue
+        if plan.userns == "host":
+            out.append((path, uid, gid, mode))
+        elif mode & 0o022:
+            out.append((path, None, None, mode))
+    return out
+
+
 def _job_fds(host_env):
     """Descriptors a batch system hands the job by number: srun's PMI-2 socket
     (PMI_FD).  It stays open through to the command, as for any srun task;
@@ -92,7 +109,7 @@ def _job_binds(host_env):
 class LaunchPlan:
     __slots__ = ("spec", "rootfs", "rootfd", "root_id", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
                  "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
-                 "hostname", "binds", "keep_fds", "edits", "points", "links", "seccomp",
+                 "hostname", "binds", "keep_fds", "edits", "points", "links", "dirs", "seccomp",
                  "device_rules", "notes", "warnings",
                  "own_cgroup", "squash", "squash_pid", "forced_env", "pod", "gpu",
                  # IMAGE is the host's root (hostroot.py): tmpfs to hide, sockets to cover
@@ -107,6 +124,7 @@ class LaunchPlan:
         self.edits = ContainerEdits()
         self.device_rules = None
         self.seccomp = None
+        self.dirs = ()
         # Set by the launcher: the sandbox starts in a cgroup2 leaf of its own,
         # which init then shows at /sys/fs/cgroup.
         self.own_cgroup = False
@@ -448,6 +466,7 @@ def build(spec, host_env=None):
     if plan.host_root:
         hostroot.finish(plan, spec, home, host_env)
     plan.points, plan.links = mount_points(plan)
+    plan.dirs = sealed_dirs(plan)
     if spec.seccomp != "unconfined":
         from .linux import seccomp
         plan.seccomp = seccomp.compile_profile(spec.seccomp)

@@ -66,6 +66,7 @@ class RunSpec:
         "seccomp",
         # images (an image reference as IMAGE): --entrypoint, --platform, --store
         "entrypoint", "platform", "store", "image_ref", "image_env", "image_fd",
+        "image_dirs",
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
         # only by the test suite's install: stages.channel.pause_hook_enabled)
         "pause_at",
@@ -119,6 +120,9 @@ class RunSpec:
         self.image_ref = False       # IMAGE is an image reference (cli.is_image_ref)
         self.image_env = None        # (env items, workdir) of a store image's config
         self.image_fd = None         # O_PATH fd of a store image's rootfs (storeread.py)
+        # A shared store's image: its directories' own owner and mode, which
+        # the publish sealed and the overlay shows again (StoreReader.sealed)
+        self.image_dirs = ()
         self.pause_at = None
         self.notes = []
         self.cuda_compat = "auto"    # auto | off | force (gpu/compat.py)

@@ -33,6 +33,7 @@ def resolve(text, store=None):
                          f"pull it first: gpusandbox pull {src}")
     st, dig = hit
     st.hold(dig)        # held until doctor exits, as run holds it
+    st.sealed(dig)      # a shared store's unsealed tree is refused, as by run
     conf = runimage._run_config(st, dig)
     runrec.check_platform(conf, runrec.host_platform(), False)
     # The rootfs as the launcher opens a bundle (config.json + rootfs/).

@@ -7,8 +7,9 @@ Nothing here is imported by `run` of a plain directory: the launch path
 pays for an image module only when IMAGE is an image reference.
 
 This file holds what every image module and a cached `run` need: the
-error, the digest check and the reference grammar (digest.py and ref.py
-re-export them under their own names).  The package is loaded whenever
+error, the digest check, the reference grammar (digest.py and ref.py
+re-export them under their own names), the platform and Entrypoint/Cmd
+rules, and the format of a shared store's seal.  The package is loaded whenever
 any image module is, so code here costs a cached `run` no module import of
 its own (each costs about as much as the lookup itself); the store's read
 path (storeread.py) is the only other image module that `run` loads.
@@ -279,3 +280,105 @@ def store_name(text):
         raise UsageError(f"image directory not found: {text}", None,
                          "pass a root filesystem directory, or an image reference such as "
                          "docker://ubuntu:22.04 or oci:DIR") from None
+
+
+def ref_fast(data, name):
+    """The ref record set_ref writes, read without the json module when its
+    bytes are exactly what json.dumps gives for a name of plain printable
+    ASCII (every validated reference is): {"name": "N", "digest": "D"}.
+    None means "not that exact form": the caller parses it as JSON."""
+    if not name.isascii() or not name.isprintable() or '"' in name or "\\" in name:
+        return None
+    head = b'{"name": "' + name.encode() + b'", "digest": "'
+    if not data.startswith(head) or not data.endswith(b'"}'):
+        return None
+    dig = data[len(head):-2]
+    if not dig.isascii() or b'"' in dig or b"\\" in dig:
+        return None
+    return {"name": name, "digest": dig.decode()}
+
+
+# -- platforms and the command (config.py, runrec.py, a cached `run`) -------
+
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x",
+         "armv7l": "arm", "i686": "386", "riscv64": "riscv64"}
+
+
+def host_platform():
+    arch = os.uname().machine
+    return {"os": "linux", "architecture": _ARCH.get(arch, arch),
+            "variant": "v8" if arch == "aarch64" else None}
+
+
+def check_platform(c, want, asked):
+    """Refuse an image of another OS or architecture than `want` unless the
+    user asked for that platform (--platform); an image that omits them is
+    taken as it is."""
+    if c.os and c.os != want["os"] or \
+            c.architecture and c.architecture != want["architecture"]:
+        from .manifest import format_platform
+        got = format_platform(c.platform())
+        if asked:
+            raise ImageError(f"the image is for {got}, not the {format_platform(want)} "
+                             "asked for with --platform", None)
+        raise ImageError(f"the image is for {got}; this host runs "
+                         f"{format_platform(want)}", None,
+                         f"to run it anyway (emulated), pass --platform {got}")
+
+
+def command(c, argv, entrypoint):
+    """argv of the run: docker's Entrypoint/Cmd rules.  `entrypoint` is the
+    --entrypoint value (None when not given; '' clears it)."""
+    if entrypoint is not None:
+        ep = [entrypoint] if entrypoint else []
+        return ep + list(argv)
+    ep = c.entrypoint or []
+    return ep + (list(argv) if argv else (c.cmd or []))
+
+
+# -- the seal of a shared store's tree --------------------------------------
+# A tree published into a store other users read is sealed (unpack.py):
+# root's or the publisher's, no group or other write bit anywhere.  Its
+# `sealed` file (images/<hex>/sealed, layers/<id>/sealed) says so, and lists
+# the directories whose owner or mode the seal changed, as the image had
+# them, which the sandbox shows again in its own overlay (linux/mounts.py):
+#   "gsbx-seal-1" NUL, then per directory: path NUL uid NUL gid NUL mode NUL
+# (path relative to the root, "" for the root itself; uid and gid "-" when
+# the publisher was not root; mode in octal).  A cached `run` of a site
+# store reads it, hence here: the layers' writer and the reader in one place.
+
+SEAL = "sealed"
+SEAL_MAGIC = b"gsbx-seal-1\0"
+MAX_SEAL = 16 << 20
+
+
+def dump_seal(dirs):
+    """Seal bytes of [(path bytes, uid or None, gid or None, mode)]."""
+    out = [SEAL_MAGIC]
+    for path, uid, gid, mode in sorted(dirs):
+        out.append(b"%s\0%s\0%s\0%o\0" % (path, b"-" if uid is None else b"%d" % uid,
+                                           b"-" if gid is None else b"%d" % gid, mode))
+    return b"".join(out)
+
+
+def load_seal(data):
+    """((path, uid or None, gid or None, mode), ...) of seal bytes, or None
+    when they are not exactly that form (the store is another user's)."""
+    if not isinstance(data, bytes) or len(data) > MAX_SEAL or not data.startswith(SEAL_MAGIC):
+        return None
+    fields = data[len(SEAL_MAGIC):].split(b"\0")
+    if fields.pop() != b"" or len(fields) % 4:
+        return None
+    out = []
+    for i in range(0, len(fields), 4):
+        path, uid, gid, mode = fields[i:i + 4]
+        if path and (len(path) > 4096 or any(c in (b"", b".", b"..") or len(c) > 255
+                                             for c in path.split(b"/"))):
+            return None
+        ids = [None if x == b"-" else int(x) if x.isdigit() and len(x) <= 10 else -1
+               for x in (uid, gid)]
+        if any(x is not None and not 0 <= x < 0xFFFFFFFF for x in ids) or \
+                not (mode.isdigit() and len(mode) <= 4 and b"8" not in mode and b"9" not in mode):
+            return None
+        out.append((os.fsdecode(path), ids[0], ids[1], int(mode, 8)))
+    return tuple(out)

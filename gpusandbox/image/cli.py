@@ -77,7 +77,7 @@ def main_pull(argv):
     prog.finish()
     if a.output:
         sqshout.write(st.fd, st.image_dir(rec["digest"]) + "/rootfs", a.output,
-                      config=st.read_blob(rec["config"]))
+                      config=st.read_blob(rec["config"]), sealed=st.sealed(rec["digest"]))
     sys.stdout.write(rec["digest"] + "\n")
     return 0
 

@@ -5,6 +5,14 @@
                                             `.wh..wh..opq` marker files
   ROOT/layers/<alg>-<diff_id hex>/implied   directories the layer needs but
                                             does not list (NUL-terminated)
+  ROOT/layers/<alg>-<diff_id hex>/sealed    in a store other users read: the
+                                            layer is sealed, and its directories'
+                                            own metadata (the package's SEAL)
+
+In a store other users read, the layer is unpacked sealed (unpack.py: no
+owner but root or the publisher, no group or other write bit), and only a
+sealed layer counts as present: one an older gpusandbox unpacked there
+keeps the image's owners and modes, and is unpacked again over it.
 
 A layer is unpacked by unpack.apply_layer(record=...) into a staging
 directory, its diff_id checked against the image config, and published by
@@ -28,10 +36,10 @@ import os
 import stat
 import threading
 
-from . import digest as digestmod
+from . import SEAL, digest as digestmod, dump_seal, load_seal
 from .digest import ImageError
 from .store import _DIR
-from .storegc import rmtree_at
+from .storegc import rmtree_at, unpublish
 from ..linux import sys as k
 
 _RES = k.RESOLVE_BENEATH | k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS
@@ -48,10 +56,11 @@ def layer_dir(diff_id):
 
 def has_layer(st, diff_id):
     try:
-        return stat.S_ISDIR(os.stat(layer_dir(diff_id) + "/diff", dir_fd=st.fd,
-                                    follow_symlinks=False).st_mode)
+        mode = os.stat(layer_dir(diff_id) + ("/" + SEAL if st.shared else "/diff"),
+                       dir_fd=st.fd, follow_symlinks=False).st_mode
     except FileNotFoundError:
         return False
+    return stat.S_ISREG(mode) if st.shared else stat.S_ISDIR(mode)
 
 
 def ensure_layers(st, man, conf, progress=None, warn=None):
@@ -115,21 +124,28 @@ def _unpack_one(st, desc, diff_id, tmp, warn):
                 rootfd = os.open("diff", k.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
                                  | os.O_CLOEXEC, dir_fd=sfd)
                 implied = set()
+                seal = {} if st.shared else None
                 try:
                     with st.open_blob(desc["digest"]) as f:
                         got = unpack.apply_layer(rootfd, f, media_type=desc["mediaType"],
                                                  rootless=os.geteuid() != 0, warn=warn,
-                                                 record=implied)
+                                                 record=implied, seal=seal)
                 finally:
                     os.close(rootfd)
                 if got != diff_id:
                     raise ImageError(f"layer {desc['digest']} does not match the image "
                                      "config's diff_id", f"got {got}, config says {diff_id}")
                 st._write_new(sfd, "implied", b"".join(p + b"\0" for p in sorted(implied)))
+                if seal is not None:
+                    st._write_new(sfd, SEAL, dump_seal((p, *m) for p, m in seal.items()))
                 st._publish_mode(sfd, True)
                 os.fsync(sfd)
             finally:
                 os.close(sfd)
+            if st.shared:
+                # An unsealed layer of an older gpusandbox: its inodes stay
+                # with the images that link them, refused until rebuilt.
+                unpublish(st, path)
             os.rename(tmp, path, src_dir_fd=st.fd, dst_dir_fd=st.fd)
             st._unpacked.append(diff_id)   # list.append: safe across threads
         except BaseException:
@@ -152,23 +168,39 @@ def _implied(st, diff_id):
     return set(data.split(b"\0")[:-1])
 
 
-class _Tree:
-    __slots__ = ("fd", "implied")
+def _seal(st, diff_id):
+    """{path: (uid, gid, mode)} of a sealed layer's directories."""
+    try:
+        data = st.read_file(layer_dir(diff_id) + "/" + SEAL, MAX_IMPLIED + 1)
+    except OSError:
+        data = None
+    dirs = load_seal(data)
+    if dirs is None:
+        raise ImageError(f"layer {diff_id} in the store is damaged", "its seal is unreadable",
+                         "gpusandbox prune, then pull again")
+    return {os.fsencode(p): (uid, gid, mode) for p, uid, gid, mode in dirs}
 
-    def __init__(self, fd, implied):
-        self.fd, self.implied = fd, implied
+
+class _Tree:
+    __slots__ = ("fd", "implied", "seal")
+
+    def __init__(self, fd, implied, seal):
+        self.fd, self.implied, self.seal = fd, implied, seal
 
 
 def merge(st, diff_ids, dstfd, rootless):
     """Fill the empty directory `dstfd` (O_PATH) with the merge of the
-    layers `diff_ids` (bottom first), all already in the store."""
+    layers `diff_ids` (bottom first), all already in the store.  Returns,
+    in a shared store, the image's seal: each directory of the merge whose
+    metadata comes from a layer that sealed it, as that layer had it."""
     trees = []
     try:
         for diff_id in reversed(diff_ids):          # top first
             fd = os.open(layer_dir(diff_id) + "/diff", k.O_PATH | os.O_DIRECTORY
                          | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=st.fd)
-            trees.append(_Tree(fd, None))
+            trees.append(_Tree(fd, None, None))
             trees[-1].implied = _implied(st, diff_id)
+            trees[-1].seal = _seal(st, diff_id) if st.shared else {}
         dirs = [(b"", _meta_source(trees, b"", range(len(trees))))]
         stack = [(b"", list(range(len(trees))))]
         while stack:
@@ -180,6 +212,7 @@ def merge(st, diff_ids, dstfd, rootless):
         # Last: a directory's mtime changes with every entry made in it.
         for path, i in dirs:
             _copy_dir_meta(trees[i].fd, dstfd, path, rootless)
+        return [(path, *trees[i].seal[path]) for path, i in dirs if path in trees[i].seal]
     except OSError as e:
         raise ImageError("cannot merge the image's layers",
                          os.strerror(e.errno) if e.errno else str(e)) from None

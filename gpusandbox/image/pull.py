@@ -31,7 +31,10 @@ def pull(st, source, names=None, platform=None, asked=False, progress=None):
     if f"{dig.partition(':')[0]}:{h.hexdigest()}" != dig:
         raise ImageError(f"manifest {dig} does not match its digest", None)
     mf.check_manifest(man)
-    if st.has_image(dig):
+    # An image of a shared store without a seal (an older gpusandbox's) is
+    # as good as absent here: this pull rebuilds it.
+    present = st.has_image(dig) and not st.unsealed(dig)
+    if present:
         # Already here (a local layout run again): no lock when every
         # name already points at it.
         wanted = names(source) if callable(names) else list(names or ())
@@ -43,7 +46,7 @@ def pull(st, source, names=None, platform=None, asked=False, progress=None):
     st._unpacked = []
     try:
         st.clean_staging()
-        if not st.has_image(dig):
+        if not present:
             _build(st, source, dig, man, raw, want, asked, progress)
         for name in (names(source) if callable(names) else names or ()):
             st.set_ref(name, dig)
@@ -115,15 +118,31 @@ def _build(st, source, dig, man, raw, want, asked, progress):
     ensure_layers(st, man, conf, progress, warn)
     lk = st.lock("image-" + dig.partition(":")[2])
     try:
-        if st.has_image(dig):
+        if st.has_image(dig) and not st.unsealed(dig):
             return
         _unpack(st, dig, man, conf, progress)
     finally:
         os.close(lk)
 
 
+def _replace_unsealed(st, dig):
+    """Remove the unsealed tree an older gpusandbox published under this
+    digest (the caller holds its image lock), unless a sandbox runs it."""
+    from .storegc import remove_image
+    held = st.try_exclusive(dig)
+    if held is None:
+        raise ImageError(f"image {dig[:19]} has no seal and a sandbox is running it",
+                         "it is rebuilt only when no sandbox uses it",
+                         "pull again once its sandboxes have ended")
+    try:
+        remove_image(st, dig)
+    finally:
+        if held != -1:
+            os.close(held)
+
+
 def _unpack(st, dig, man, conf, progress):
-    from . import layers
+    from . import SEAL, dump_seal, layers
     tmp = st._staging_name("image")
     os.mkdir(tmp, 0o700, dir_fd=st.fd)
     sfd = os.open(tmp, _DIR, dir_fd=st.fd)
@@ -132,7 +151,7 @@ def _unpack(st, dig, man, conf, progress):
         rootfd = os.open("rootfs", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
                          | os.O_CLOEXEC, dir_fd=sfd)
         try:
-            layers.merge(st, conf.diff_ids, rootfd, os.geteuid() != 0)
+            seal = layers.merge(st, conf.diff_ids, rootfd, os.geteuid() != 0)
         finally:
             os.close(rootfd)
         size = sum(d["size"] for d in man["layers"])
@@ -144,8 +163,12 @@ def _unpack(st, dig, man, conf, progress):
                             ("config.json", bundle_config(conf)),
                             (runrec.NAME, runrec.dump(man["config"]["digest"], conf))):
             st._write_new(sfd, fname, data)
+        if st.shared:
+            st._write_new(sfd, SEAL, dump_seal(seal))
         st._publish_mode(sfd, True)
         os.fsync(sfd)
+        if st.has_image(dig):
+            _replace_unsealed(st, dig)
         os.rename(tmp, st.image_dir(dig), src_dir_fd=st.fd, dst_dir_fd=st.fd)
     except BaseException:
         try:

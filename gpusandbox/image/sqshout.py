@@ -15,7 +15,10 @@ Ownership: as root the store's tree has the image's owners, kept as they are.
 Rootless, every file of the tree is the caller's (an unprivileged unpack
 cannot chown), which says nothing about the image: the file gets -all-root,
 which is what the image meant for nearly all files and what a rootless `run`
-of it maps to the caller.  No xattrs (-no-xattrs): security.capability and
+of it maps to the caller.  A store other users read holds its trees sealed
+(root's or the caller's, no group/other write: unpack.py); the directories
+the seal changed get back the image's owner and mode in the file (pseudo
+"m" definitions), as a sandbox of the store image shows them.  No xattrs (-no-xattrs): security.capability and
 overlay xattrs never travel into the file.
 
 The image config travels in the file: the config blob, as pulled and
@@ -49,10 +52,11 @@ def check_target(path):
                          "install squashfs-tools (Debian/Ubuntu: apt install squashfs-tools)")
 
 
-def write(dirfd, rel, path, config=None):
+def write(dirfd, rel, path, config=None, sealed=()):
     """Write the tree at rel under the directory fd dirfd (the store's
     unpacked image: the store is reached through its held fd) to path, with
-    the config blob bytes `config` as /.gpusandbox/config.json."""
+    the config blob bytes `config` as /.gpusandbox/config.json, and the
+    directories of `sealed` (StoreReader.sealed) as the image had them."""
     rootfs = f"/proc/self/fd/{dirfd}/{rel}"
     target = os.path.abspath(path)
     parent, name = os.path.split(target)
@@ -64,6 +68,14 @@ def write(dirfd, rel, path, config=None):
                 "-quiet"]
         if os.geteuid() != 0:
             argv.append("-all-root")
+        defs = [f"{_pseudo_name(p)} m {mode:o} {uid or 0} {gid or 0}\n"
+                for p, uid, gid, mode in sealed
+                if p and "\n" not in p and p.partition("/")[0] != ".gpusandbox"]
+        if defs:
+            spath = os.path.join(tmpdir, "sealed.pf")
+            with open(spath, "x", encoding="utf-8", errors="surrogateescape") as f:
+                f.writelines(defs)
+            argv += ["-pf", spath]
         if config is not None:
             import shlex
             from .sqshconfig import CONFIG_DIR, CONFIG_PATH
@@ -89,3 +101,10 @@ def write(dirfd, rel, path, config=None):
         os.rename(out, target)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _pseudo_name(path):
+    """A path as a pseudo definition names it: every character but
+    [A-Za-z0-9._/-] escaped with a backslash (image names are arbitrary)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._/-") else "\\" + c
+                   for c in path)

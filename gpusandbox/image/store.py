@@ -21,7 +21,9 @@ nothing a running pull needs disappears under it.
 
 All paths are relative to the store's directory fd; the store and every
 staging directory are 0700, so a setuid file in an image is reachable by
-nobody else on the host.  Reading (run, images, inspect, doctor) is
+nobody else on the host.  A store its owner opened to others publishes its
+entries readable, on a nosuid filesystem only, and its trees sealed (no
+owner but root or the publisher, no group/other write: unpack.py).  Reading (run, images, inspect, doctor) is
 storeread.py: this module is the write side, imported by a pull, rmi, prune."""
 import errno
 import fcntl

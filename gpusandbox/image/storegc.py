@@ -50,15 +50,20 @@ def rmtree_at(dirfd, name):
         os.rmdir(pname, dir_fd=pfd)
 
 
-def remove_image(st, dig):
-    """Unpublish (rename into tmp/) then delete an image directory."""
+def unpublish(st, rel):
+    """Rename a published directory (images/<hex>, layers/<id>) into tmp/,
+    where no reader looks, then delete it; False when there was none."""
     tmp = st._staging_name("rm")
     try:
-        os.rename(st.image_dir(dig), tmp, src_dir_fd=st.fd, dst_dir_fd=st.fd)
+        os.rename(rel, tmp, src_dir_fd=st.fd, dst_dir_fd=st.fd)
     except FileNotFoundError:
         return False
     rmtree_at(st.fd, tmp)
     return True
+
+
+def remove_image(st, dig):
+    return unpublish(st, st.image_dir(dig))
 
 
 def rmi(st, names_or_digests):

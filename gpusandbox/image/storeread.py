@@ -2,7 +2,8 @@
 `doctor` of a cached image need, and nothing a pull needs (store.py adds
 writing, publishing, locks and staging on top of this class).
 
-  ROOT/images/<manifest hex>/rootfs, config.json, image.json, run.rec, used
+  ROOT/images/<manifest hex>/rootfs, config.json, image.json, run.rec, used,
+                                     sealed (a shared store's: the package's SEAL)
   ROOT/refs/<escaped name>           {"name", "digest"}: a name -> manifest digest
   ROOT/blobs/<alg>/<hex>             verified blobs
 
@@ -20,10 +21,12 @@ import os
 import stat
 
 from ..linux.sys import read_fd
-from . import (ImageError, looks_like_transport, parse_digest, parse_ref, store_name,
-               validate_digest)
+from . import (MAX_SEAL, SEAL, ImageError, check_platform, command,  # noqa: F401
+               host_platform, load_seal, looks_like_transport, parse_digest, parse_ref,
+               ref_fast, store_name, validate_digest)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 MAX_REF_FILE = 200
 _LOCK_SH, _LOCK_NB = 1, 4      # <sys/file.h>, as fcntl.LOCK_SH and LOCK_NB
 
@@ -53,7 +56,8 @@ def escape(name):
 class StoreReader:
     """A store opened for reading.  The own store (readonly=False) must
     belong to the caller, as for writing; a store other users can read
-    must be on a nosuid filesystem (its images keep their setuid files)."""
+    must be on a nosuid filesystem (its images keep their setuid files)
+    and writable by its owner alone (else anyone could replace its images)."""
 
     def __init__(self, root, readonly=False):
         self.root = os.path.abspath(root)
@@ -64,6 +68,7 @@ class StoreReader:
             raise ImageError(f"cannot open the image store {self.root}", e.strerror,
                              "set GPUSANDBOX_STORE or --store to a directory you own") from None
         st = os.fstat(self.fd)
+        self.owner = st.st_uid
         if not readonly:
             if st.st_uid != os.geteuid():
                 os.close(self.fd)
@@ -79,6 +84,10 @@ class StoreReader:
             self.shared = True
             if st.st_uid != os.geteuid():
                 self._check_nosuid()
+        if self.shared and st.st_mode & 0o022:
+            os.close(self.fd)
+            raise ImageError(f"the image store {self.root} is writable by other users", None,
+                             f"its owner makes it writable only by them: chmod go-w {self.root}")
 
     def close(self):
         os.close(self.fd)
@@ -204,6 +213,39 @@ class StoreReader:
                 out.append(dig)
         return out
 
+    def sealed(self, dig):
+        """The directories of a shared store's image that the sandbox shows
+        as the image had them (the package's SEAL); () in a private store.
+        Without a seal (an older gpusandbox published it with the image's
+        owners and modes) other users may have rewritten it: refused."""
+        if not self.shared:
+            return ()
+        dirs = self._seal(dig)
+        if dirs is None:
+            raise ImageError(f"image {dig[:19]} in the shared store {self.root} has no seal",
+                             "an older gpusandbox published it with the image's own owners "
+                             "and modes, so other users may have changed its files",
+                             f"its owner (uid {self.owner}) publishes it again: gpusandbox "
+                             f"pull --store {self.root} REF, which rebuilds it")
+        return dirs
+
+    def unsealed(self, dig):
+        return self.shared and self._seal(dig) is None
+
+    def _seal(self, dig):
+        try:
+            fd = os.open(self.image_dir(dig) + "/" + SEAL, _FILE, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            # Only the store's owner can make a file of theirs in images/<hex>.
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != self.owner:
+                return None
+            return load_seal(read_fd(fd, MAX_SEAL + 1, 1 << 16))
+        finally:
+            os.close(fd)
+
     def last_used(self, dig):
         try:
             return int(os.stat(self.image_dir(dig) + "/used", dir_fd=self.fd,
@@ -260,42 +302,6 @@ NAME = "run.rec"
 MAX_FILE = 8 << 20          # a config is at most 4 MiB (manifest.MAX_DOC)
 MAX_ITEMS = 4096            # as config.MAX_ITEMS
 MAX_STR = 1 << 16           # as config.MAX_STR
-
-
-_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x",
-         "armv7l": "arm", "i686": "386", "riscv64": "riscv64"}
-
-
-def host_platform():
-    arch = os.uname().machine
-    return {"os": "linux", "architecture": _ARCH.get(arch, arch),
-            "variant": "v8" if arch == "aarch64" else None}
-
-
-def check_platform(c, want, asked):
-    """Refuse an image of another OS or architecture than `want` unless the
-    user asked for that platform (--platform); an image that omits them is
-    taken as it is."""
-    if c.os and c.os != want["os"] or \
-            c.architecture and c.architecture != want["architecture"]:
-        from .manifest import format_platform
-        got = format_platform(c.platform())
-        if asked:
-            raise ImageError(f"the image is for {got}, not the {format_platform(want)} "
-                             "asked for with --platform", None)
-        raise ImageError(f"the image is for {got}; this host runs "
-                         f"{format_platform(want)}", None,
-                         f"to run it anyway (emulated), pass --platform {got}")
-
-
-def command(c, argv, entrypoint):
-    """argv of the run: docker's Entrypoint/Cmd rules.  `entrypoint` is the
-    --entrypoint value (None when not given; '' clears it)."""
-    if entrypoint is not None:
-        ep = [entrypoint] if entrypoint else []
-        return ep + list(argv)
-    ep = c.entrypoint or []
-    return ep + (list(argv) if argv else (c.cmd or []))
 
 
 class RunConfig:
@@ -365,22 +371,6 @@ def _list(it):
     if any(len(x) > MAX_STR for x in out):
         raise ValueError("too long")
     return out
-
-
-def ref_fast(data, name):
-    """The ref record set_ref writes, read without the json module when its
-    bytes are exactly what json.dumps gives for a name of plain printable
-    ASCII (every validated reference is): {"name": "N", "digest": "D"}.
-    None means "not that exact form": the caller parses it as JSON."""
-    if not name.isascii() or not name.isprintable() or '"' in name or "\\" in name:
-        return None
-    head = b'{"name": "' + name.encode() + b'", "digest": "'
-    if not data.startswith(head) or not data.endswith(b'"}'):
-        return None
-    dig = data[len(head):-2]
-    if not dig.isascii() or b'"' in dig or b"\\" in dig:
-        return None
-    return {"name": name, "digest": dig.decode()}
 
 
 # -- `run IMAGE` of an image reference -------------------------------------
@@ -453,6 +443,7 @@ def prepare(spec):
     # Held, never closed: rmi and prune leave the image alone while the
     # launcher (and the sandbox it waits for) lives.
     st.hold(dig)
+    spec.image_dirs = st.sealed(dig)
     conf = run_config(st, dig)
     check_platform(conf, platform or host_platform(), platform is not None)
     # The rootfs opened relative to the store's fd (no path is resolved

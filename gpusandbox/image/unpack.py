@@ -34,6 +34,13 @@ Decisions (docs/images.md repeats them):
 - Ownership: as root, the member's numeric uid/gid (fchown); rootless, the
   caller owns everything, and (as Charliecloud does) directories get u+rwx
   and files u+rw added so the caller can always update and remove its tree.
+- Sealed (seal=dict: a store other users read): nothing may give another
+  host user write access, since the tree is every user's image.  Owners are
+  root (as root) or the caller, group and other write bits are cleared
+  (1777 directories too), and a file given to root loses setuid/setgid
+  (they meant "run as the image's user").  The directories whose owner or
+  mode this changed are recorded with what the layer said, so the sandbox
+  can show them as the image had them (image/layers.py, linux/mounts.py).
 - Directory mtimes are set after the layer, as the last member's write
   would change them."""
 import errno
@@ -64,7 +71,7 @@ MEDIA_TYPES = frozenset(
 
 
 def apply_layer(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None,
-                record=None):
+                record=None, seal=None):
     """Apply one layer blob (a binary stream, compressed or not) to the tree
     under `rootfd` (an O_PATH directory fd).  Returns the diff_id,
     "sha256:<hex>" of the uncompressed tar stream.  Raises ImageError on
@@ -79,13 +86,18 @@ def apply_layer(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None
     then kept as empty `.wh.NAME` / `.wh..wh..opq` files instead of acting
     on the tree (no real member can have such a name), and the set is
     filled with the directories the layer implies without listing them, so
-    their made-up metadata never overrides a lower layer's."""
+    their made-up metadata never overrides a lower layer's.
+
+    seal: a dict, for a store other users read: the tree is sealed (see the
+    module docstring) and the dict maps each directory whose owner or mode
+    that changed to the layer's (uid, gid, mode); uid and gid are None
+    rootless (the caller owned the tree whatever the layer said)."""
     if media_type is not None and media_type not in MEDIA_TYPES:
         raise ImageError(f"unsupported layer media type {printable(media_type)[:200]}",
                          hint="encrypted and foreign layer formats are not supported")
     try:
         reader = TarReader(fileobj, limits or Limits())
-        app = _Applier(rootfd, rootless, reader.lim, record)
+        app = _Applier(rootfd, rootless, reader.lim, record, seal)
         try:
             for e in reader.entries():
                 app.entry(e, reader)
@@ -106,10 +118,11 @@ def _show(path):
 
 
 class _Applier:
-    def __init__(self, rootfd, rootless, limits, record=None):
+    def __init__(self, rootfd, rootless, limits, record=None, seal=None):
         self.root = rootfd
         self.record = record
         self.record_bytes = 0
+        self.seal = seal
         if record is not None:
             record.add(b"")
         self.rootless = rootless
@@ -187,10 +200,14 @@ class _Applier:
         return k.walk_fd(self.root, comps, step)
 
     def _implied(self, path):
+        self._budget(path)
+        self.record.add(path)
+
+    def _budget(self, path):
         self.record_bytes += len(path) + 64
         if self.record_bytes > _DIRTIMES_BUDGET:
-            raise ImageError("invalid layer", "too many directories implied by its members")
-        self.record.add(path)
+            raise ImageError("invalid layer", "too many directories implied by its members "
+                             "or given to other users")
 
     def _walk_error(self, comps, e):
         why = {errno.ELOOP: "is or passes through a symlink (never followed)",
@@ -231,14 +248,31 @@ class _Applier:
             os.unlink(leaf, dir_fd=pfd)
         return False
 
-    def _owner_mode(self, fd, e, isdir):
+    def _owner_mode(self, fd, e, isdir, path=None):
+        uid, gid, mode = self._sealed(e, isdir, path)
         # chown first: it clears setuid/setgid bits the mode then sets.
         if not self.rootless:
-            os.fchown(fd, e.uid, e.gid)
-        mode = e.mode
+            os.fchown(fd, uid, gid)
         if self.rootless:
             mode |= 0o700 if isdir else 0o600
         os.fchmod(fd, mode)
+
+    def _sealed(self, e, isdir, path):
+        """(uid, gid, mode) a member gets: the layer's, or sealed."""
+        if self.seal is None:
+            return e.uid, e.gid, e.mode
+        mode = e.mode & ~0o022
+        if not self.rootless and (e.uid, e.gid) != (0, 0) and not isdir:
+            mode &= ~0o6000
+        if isdir:
+            if mode != e.mode or not self.rootless and (e.uid, e.gid) != (0, 0):
+                if path not in self.seal:
+                    self._budget(path)
+                self.seal[path] = (None, None, e.mode) if self.rootless else \
+                    (e.uid, e.gid, e.mode)
+            else:
+                self.seal.pop(path, None)    # listed again, as the seal leaves it
+        return 0, 0, mode
 
     # --- members ------------------------------------------------------------
     def entry(self, e, reader):
@@ -265,7 +299,7 @@ class _Applier:
             if self.record is not None:
                 self.record.discard(b"")
             try:
-                self._owner_mode(fd, e, True)
+                self._owner_mode(fd, e, True, b"")
             finally:
                 os.close(fd)
             self._dirtime(b"", e.mtime_ns)
@@ -299,7 +333,7 @@ class _Applier:
             if self.record is not None:
                 self.record.discard(path)
             try:
-                self._owner_mode(fd, e, True)
+                self._owner_mode(fd, e, True, path)
             finally:
                 os.close(fd)
             self._dirtime(path, e.mtime_ns)
@@ -331,10 +365,11 @@ class _Applier:
         """Owner, mode and mtime of a symlink or FIFO: by name relative to the
         parent fd, never following (a FIFO cannot be opened without
         blocking, a symlink not at all)."""
+        uid, gid, mode = self._sealed(e, False, None)
         if not self.rootless:
-            os.chown(leaf, e.uid, e.gid, dir_fd=pfd, follow_symlinks=False)
+            os.chown(leaf, uid, gid, dir_fd=pfd, follow_symlinks=False)
         if chmod:
-            os.chmod(leaf, e.mode | (0o600 if self.rootless else 0), dir_fd=pfd,
+            os.chmod(leaf, mode | (0o600 if self.rootless else 0), dir_fd=pfd,
                      follow_symlinks=False)
         os.utime(leaf, ns=(e.mtime_ns, e.mtime_ns), dir_fd=pfd, follow_symlinks=False)
 

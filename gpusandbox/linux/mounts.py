@@ -259,13 +259,20 @@ def _canonical(lowerfd, path, max_links=40, follow=True):
     return cur, []
 
 
-def prepare_upper(lowerfd, upperfd, points, links):
+def prepare_upper(lowerfd, upperfd, points, links, sealed=()):
     """Create in the upper layer every mount point in `points` ((path, kind)
     with kind "dir" or "file") that the image lacks, and every link in
     `links` ((path, target)).  Only the upper layer is written: it holds
     nothing but what this function creates, and the image is read with
     lstat/readlink relative to its root fd.  GPU injection puts dozens of
-    files in one directory, so parents are resolved once."""
+    files in one directory, so parents are resolved once.
+
+    `sealed` ((path, uid or None, gid or None, mode)): directories of a
+    shared store's image whose owner and mode the store keeps from other
+    users (root's, no group/other write: image/unpack.py).  A merged
+    directory takes its owner and mode from the upper layer (overlayfs),
+    so each is made there as the image had it: a 1777 /var/tmp stays 1777
+    in the sandbox, writable in its own overlay only."""
     parents = {}
     dirs = {}
 
@@ -295,6 +302,20 @@ def prepare_upper(lowerfd, upperfd, points, links):
         return have + [name], []
 
     try:
+        for path, uid, gid, mode in sealed:
+            comps = path.split("/") if path else []
+            try:
+                # Only where the image has that directory, reached without a symlink.
+                os.close(_open(lowerfd, path or ".", os.O_DIRECTORY, _RES_STRICT))
+            except OSError:
+                continue
+            fd = k.openat2(upper_dir(comps), ".", os.O_RDONLY | os.O_DIRECTORY, 0, _RES_STRICT)
+            try:
+                if uid is not None:
+                    os.fchown(fd, uid, gid)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
         for path, kind in points:
             have, missing = resolve(path)
             if missing:

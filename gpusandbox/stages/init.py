@@ -94,7 +94,7 @@ def _rootfs(plan):
             os.mkdir("work", 0o755, dir_fd=scratch)
             upper = os.open("upper", k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=scratch)
             try:
-                m.prepare_upper(lower, upper, plan.points, plan.links)
+                m.prepare_upper(lower, upper, plan.points, plan.links, plan.dirs)
             finally:
                 os.close(upper)
             top = f"/proc/self/fd/{scratch}"

@@ -23,7 +23,8 @@ from gpusandbox.image.digest import ImageError
 from tests.unit import image_fixtures as fx
 
 
-def _test_apply(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None, record=None):
+def _test_apply(rootfd, fileobj, *, media_type, rootless, limits=None, warn=None, record=None,
+                seal=None):
     data = fileobj.read()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
