@@ -12,6 +12,7 @@ from .edits import ContainerEdits
 from .errors import SandboxError, UsageError
 from .imageroot import container_path, image_root, root_identity
 from .linux import sys as k
+from .plandev import _cdi, _devices, _gpu
 from .spec import names_squashfs
 
 STD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -276,127 +277,6 @@ def _check_binds(spec):
                              "create it first or fix the path given to -v/--bind") from None
         except OSError as e:
             raise UsageError(f"cannot access bind source {b.src}", e.strerror, None) from None
-
-
-def _gpu(plan, spec, rootfd, req_env, host_env):
-    """GPU discovery, selection and injection, only when this launch asks.
-
-    Selection, discovery and injection read only the caller's environment
-    (host_env) and options.  req_env (the image's rows overridden by
-    --env-file and -e, as the environment table has them) feeds only the
-    requirement check, which can restrict or skip the image's own check but
-    never chooses a host path."""
-    gpus = spec.gpus
-    if gpus is None and not host_env.get("NVIDIA_VISIBLE_DEVICES") \
-            and not host_env.get("SLURM_JOB_ID"):
-        return {}  # the plain launch: no GPU module is even imported
-    from .gpu import select
-    if gpus is None:
-        try:
-            from . import slurm
-            if slurm.in_gpu_step(host_env):
-                gpus = "auto"
-        except ImportError:
-            pass
-    if not select.needs_gpu(gpus, host_env):
-        return {}
-    from .gpu import discover, inject
-    roots = driver_roots(spec, host_env)
-    host = discover.discover(*roots, environ=host_env)
-    sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
-    if sel is None:
-        return {}
-    plan.gpu = sel
-    if spec.gpu_visibility == "step":
-        from .hpc import gpuvis
-        sel = gpuvis.widen(sel, host, host_env, plan.notes)
-    from .gpu import compat, require
-    # The host's own driver in the host's own root is used as the host's
-    # loader finds it: no cache is written, so no compat choice either.
-    decision = None if plan.host_root and _same_root(roots[0]) else \
-        compat.for_launch(spec.cuda_compat, rootfd, host, sel, plan.notes)
-    warn = require.check(req_env, rootfd, host, None, host_env,
-                         gpus=sel.node_gpus(), no_require=spec.no_require, compat=decision)
-    if warn:
-        plan.warnings.append(warn)
-    edits = inject.build_edits(host, sel, rootfd, host_env,
-                               private=spec.rootfs_mode == "rw" or plan.host_root,
-                               notes=plan.notes, compat=decision,
-                               in_place=plan.host_root and _same_root(roots[0]))
-    if spec.gpu_memory is not None or spec.gpu_compute is not None:
-        from .gpu import share
-        share.apply(plan, spec, host, sel, edits, host_env)
-    missing = inject.warning(inject.plan(host, sel))
-    if missing:
-        plan.warnings.append(missing)
-    order = gpuvis.cuda_order(sel) if spec.gpu_visibility == "step" else None
-    if order:
-        edits.env["CUDA_VISIBLE_DEVICES"] = order
-    plan.edits.extend(edits)
-    plan.device_rules = inject.device_rules(host, sel)
-    return edits.env
-
-
-def _same_root(driver_root):
-    try:
-        return os.path.samefile(driver_root or "/", "/")
-    except OSError:
-        return False
-
-
-def driver_roots(spec, host_env):
-    """(driver root, dev root): the options, else the settings every entry
-    reads (gpusandbox/settings.py: GPUSANDBOX_DRIVER_ROOT/GPUSANDBOX_DEV_ROOT,
-    then the settings files).  --driver-root wins over both: a dev root
-    from the settings belongs with their driver root, not with another one
-    given on the command line."""
-    if spec.driver_root:
-        return spec.driver_root, spec.dev_root
-    from . import settings
-    root, dev = settings.driver_roots(host_env)
-    return root, spec.dev_root or dev
-
-
-def _cdi(plan, spec, rootfd, host_env):
-    """--device VENDOR/CLASS=NAME: CDI specs' edits (oci/cdi), imported only
-    when one is named.  Nodes come through the device filter by number, as
-    --device's do; a node GPU injection already gave is not added twice."""
-    if not spec.cdi_devices:
-        return {}
-    from .oci.cdi.apply import resolve
-    res = resolve(spec.cdi_devices, rootfd=rootfd, environ=host_env)
-    have = {(n.path, n.major, n.minor) for n in plan.edits.device_nodes}
-    res.edits.device_nodes = [n for n in res.edits.device_nodes
-                              if (n.path, n.major, n.minor) not in have]
-    plan.edits.extend(res.edits)
-    plan.device_rules = list(plan.device_rules or []) + res.rules
-    plan.warnings += res.warnings
-    return res.edits.env
-
-
-def _devices(plan, spec):
-    """--device: host character devices added as edits, by number.
-
-    The node is checked here and again, by its opened inode, in the init (a
-    node swapped in between is refused).  Block devices are not offered: a
-    GPU job has no use for raw disks, and the filter denies them all."""
-    from .edits import DeviceNode
-    if not spec.devices:
-        return
-    rules = list(plan.device_rules or [])
-    for host, dst in spec.devices:
-        try:
-            st = os.stat(host)
-        except OSError as e:
-            raise UsageError(f"--device {host}", e.strerror,
-                             "name an existing character device such as /dev/infiniband/uverbs0") from None
-        if not stat.S_ISCHR(st.st_mode):
-            raise UsageError(f"--device {host}", "not a character device",
-                             "only character devices can be added (block devices never are)")
-        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-        plan.edits.device_nodes.append(DeviceNode(dst, host, major, minor))
-        rules.append(("c", major, minor, "rw"))
-    plan.device_rules = rules
 
 
 def build(spec, host_env=None):

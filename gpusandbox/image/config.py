@@ -12,7 +12,7 @@ to a RunSpec as docker applies it:
 
 The image's NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES are plain
 rows of the table: GPU selection reads only the caller's environment
-(plan._gpu), so they never widen it."""
+(plandev._gpu), so they never widen it."""
 from . import digest as digestmod
 from . import manifest as mf
 from .digest import ImageError

@@ -44,7 +44,7 @@ class Host:
 
 
 def _requirement_path(env, root):
-    """What plan._gpu does with an image's rows, minus the GPU layer."""
+    """What plandev._gpu does with an image's rows, minus the GPU layer."""
     reqs = require.requirements(env, root)
     for src, expr in reqs:
         require.parse_constraint(expr, src)

@@ -4,7 +4,7 @@ import pytest
 
 from gpusandbox.errors import UsageError
 from gpusandbox.gpu import discover, select
-from gpusandbox.plan import driver_roots
+from gpusandbox.plandev import driver_roots
 from gpusandbox.spec import RunSpec
 from tests.unit import gpu_fixtures as fx
 
