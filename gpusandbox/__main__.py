@@ -88,6 +88,9 @@ def main(argv=None):
         return oci_main(rest)
     if cmd in ("version", "--version"):
         from . import __version__
+        if rest and rest[0] in ("-h", "--help"):
+            sys.stdout.write("usage: gpusandbox version\n\nPrint the version of gpusandbox.\n")
+            return 0
         sys.stdout.write(f"gpusandbox {__version__}\n")
         return 0
     from .errors import printable

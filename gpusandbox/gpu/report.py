@@ -24,6 +24,15 @@ def _fail(e):
     return e.code
 
 
+_DESCRIPTIONS = {
+    "info": "The host's NVIDIA driver (version, CUDA ceiling, GPUs, MIG devices) and the "
+            "isolation a sandbox gets here (device filter, namespaces, GPU sharing tiers).",
+    "list": "Every host path a launch with these options would inject (device nodes, "
+            "libraries, binaries, firmware, configuration, IPC sockets) and the GPU sharing "
+            "tier it would use, without launching anything.",
+}
+
+
 def _parser(prog, with_selection):
     import argparse
     from gpusandbox.errors import UsageError
@@ -33,7 +42,7 @@ def _parser(prog, with_selection):
             raise UsageError(f"gpusandbox {prog}", message,
                              hint=f"see gpusandbox {prog} --help")
 
-    p = Parser(prog=f"gpusandbox {prog}")
+    p = Parser(prog=f"gpusandbox {prog}", description=_DESCRIPTIONS[prog])
     p.add_argument("--driver-root", default="/", help="root of the NVIDIA driver files")
     p.add_argument("--dev-root", default=None, help="where the /dev/nvidia* nodes are "
                    "(default: <driver root>/dev)")

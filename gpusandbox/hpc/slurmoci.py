@@ -49,6 +49,12 @@ from ..errors import UsageError, printable
 
 USAGE = ("usage: gpusandbox slurm-oci run [RUN OPTIONS] BUNDLE\n"
          "       gpusandbox slurm-oci state|kill|delete BUNDLE [ARG...]\n")
+HELP = USAGE + """
+The runtime of Slurm's oci.conf (srun --container): `run` starts the step's task in
+the bundle slurmstepd wrote, as `gpusandbox run [RUN OPTIONS]` would (the options of
+`gpusandbox run --help`; --gpus auto takes the task's GPUs); state, kill and delete
+answer slurmstepd.  See docs/slurm-testbed.md.
+"""
 _MAX_CONFIG = 4 << 20
 _MAX_ITEMS = 65536
 
@@ -172,7 +178,7 @@ def _as_root(opts, task):
 
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE)
+        sys.stdout.write(HELP if argv else USAGE)
         return 0 if argv else 125
     op, rest = argv[0], argv[1:]
     if op == "run":

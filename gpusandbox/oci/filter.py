@@ -146,8 +146,11 @@ def _new_dir(environ):
 
 def main(argv):
     if argv and argv[0] in ("-h", "--help"):
-        sys.stdout.write("usage: gpusandbox oci-filter < config.json > config.json\n"
-                         "  (podman hooks.d precreate stage; see docs/hook.md)\n")
+        sys.stdout.write("usage: gpusandbox oci-filter < config.json > config.json\n\n"
+                         "podman's hooks.d precreate filter: reads a container's config.json "
+                         "on stdin and\nwrites it back with the GPUs its NVIDIA_VISIBLE_DEVICES "
+                         "names added (gpusandbox\nhook install --stage precreate registers it; "
+                         "see docs/hook.md).\n")
         return 0
     if len(argv) == 2 and argv[0] == "--remove":
         return remove(argv[1])

@@ -208,6 +208,11 @@ def run(stage):
     return 0
 
 
+# hook install's options and their defaults.
+INSTALL_OPTIONS = {"--dir": "/etc/containers/oci/hooks.d", "--stage": "createRuntime",
+                   "--driver-root": None, "--dev-root": None}
+
+
 def install(argv):
     """`hook install [--dir DIR] [--stage createRuntime|prestart|precreate]
     [--driver-root DIR] [--dev-root DIR]`: an oci-hooks 1.0.0 JSON for
@@ -216,9 +221,10 @@ def install(argv):
     import json
     from gpusandbox.errors import UsageError
     from gpusandbox.oci.options import parse_options
-    opts = {"--dir": "/etc/containers/oci/hooks.d", "--stage": "createRuntime",
-            "--driver-root": None, "--dev-root": None}
-    parse_options(argv, opts, "hook install", "options: " + ", ".join(opts))
+    opts = dict(INSTALL_OPTIONS)
+    if parse_options(argv, opts, "hook install", "options: " + ", ".join(opts),
+                     usage=HELP) is None:
+        return 0
     stage = opts["--stage"]
     if stage not in STAGES + ("precreate",):
         raise UsageError(f"hook install --stage {stage}", "unknown stage",
@@ -254,11 +260,22 @@ def install(argv):
 USAGE = """usage: gpusandbox hook prestart|createRuntime|createContainer  (OCI state on stdin)
        gpusandbox hook install [--dir DIR] [--stage STAGE] [--driver-root DIR] [--dev-root DIR]
 """
+HELP = USAGE + """
+The OCI hook: at STAGE, with the container's state on stdin, inject the GPUs its
+NVIDIA_VISIBLE_DEVICES names into a runc, crun or podman container.  `hook install`
+writes podman's hooks.d entry for it (--stage precreate: the oci-filter entry instead).
+See docs/hook.md.
+
+  --dir DIR          where to write the entry (default /etc/containers/oci/hooks.d)
+  --stage STAGE      createRuntime (default), prestart, createContainer or precreate
+  --driver-root DIR  the driver root the hook uses (default: the driver-root setting)
+  --dev-root DIR     where its device nodes live
+"""
 
 
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE)
+        sys.stdout.write(HELP if argv else USAGE)
         return 0 if argv else 125
     if argv[0] == "install":
         return install(argv[1:])

@@ -20,6 +20,21 @@ DEFAULTS = {"podman": "/etc/containers/containers.conf",
 USAGE = """usage: gpusandbox runtime configure --runtime podman|docker|containerd [--config FILE]
                                    [--name NAME] [--path WRAPPER]
 """
+# configure's options and their defaults (--path's: wrapper_path()).
+OPTIONS = {"--runtime": None, "--config": None, "--name": "gpusandbox", "--path": None}
+HELP = USAGE + """
+Register the gpusandbox-runtime wrapper as a runtime of a container engine, editing only
+that entry of the engine's configuration file (the rest, comments included, is kept; the
+file is replaced atomically).  Then: podman --runtime NAME, docker run --runtime NAME.
+See docs/hook.md.
+
+  --runtime ENGINE  podman (containers.conf [engine.runtimes]), docker (daemon.json
+                    "runtimes") or containerd (config.toml, a runc-shim runtime)
+  --config FILE     the file to edit (default: /etc/containers/containers.conf,
+                    /etc/docker/daemon.json, /etc/containerd/config.toml)
+  --name NAME       the runtime's name (default gpusandbox)
+  --path WRAPPER    the wrapper registered (default: gpusandbox-runtime beside this command)
+"""
 
 
 def _q(s):
@@ -126,8 +141,8 @@ def wrapper_path():
 
 
 def configure(argv):
-    opts = {"--runtime": None, "--config": None, "--name": "gpusandbox", "--path": None}
-    if parse_options(argv, opts, "runtime configure", USAGE.strip(), usage=USAGE) is None:
+    opts = dict(OPTIONS)
+    if parse_options(argv, opts, "runtime configure", USAGE.strip(), usage=HELP) is None:
         return 0
     kind = opts["--runtime"]
     if kind not in DEFAULTS:
@@ -161,7 +176,7 @@ def configure(argv):
 
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE)
+        sys.stdout.write(HELP)
         return 0 if argv else 125
     if argv[0] != "configure":
         raise UsageError(f"runtime {argv[0]}", "unknown subcommand", hint=USAGE.strip())

@@ -5,28 +5,64 @@ from .host import create, destroy
 from .ids import DEFAULT_MODEL, GEFORCE_MODEL
 
 
-def main(argv=None):
-    """`gpusandbox sim create|destroy ...`; raises SandboxError for the CLI to print."""
+def parser():
     import argparse
-    parser = argparse.ArgumentParser(prog="gpusandbox sim", description="A simulated GPU host for "
-                                     "tests and demos on machines without a GPU.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("create", help="write a simulated host into DIR (needs root once)")
+    p = argparse.ArgumentParser(prog="gpusandbox sim", description="A simulated GPU host for "
+                                "tests and demos on machines without a GPU.")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("create", help="write a simulated host into DIR (needs root once)",
+                       description="Write a simulated GPU host into DIR: proc files, real "
+                       "195:N device nodes, stub libcuda/libnvidia-ml and an nvidia-smi, to "
+                       "pass to run, info, doctor and the other commands as --driver-root DIR. "
+                       "Needs root (device nodes); the result is world-readable.")
     c.add_argument("dir", metavar="DIR")
-    c.add_argument("--gpus", type=int, default=4)
-    c.add_argument("--driver-version", default="550.54.15")
-    c.add_argument("--cuda-version", default="12.4")
-    c.add_argument("--model")
-    c.add_argument("--brand", choices=("datacenter", "geforce"), default="datacenter")
+    c.add_argument("--gpus", type=int, default=4, metavar="N", help="number of GPUs (default 4)")
+    c.add_argument("--driver-version", default="550.54.15", metavar="VERSION",
+                   help="the driver version reported (default 550.54.15)")
+    c.add_argument("--cuda-version", default="12.4", metavar="VERSION",
+                   help="the CUDA version the driver supports (default 12.4)")
+    c.add_argument("--model", help="the GPUs' product name")
+    c.add_argument("--brand", choices=("datacenter", "geforce"), default="datacenter",
+                   help="the default model's brand (default datacenter)")
     c.add_argument("--mig", metavar="GPU:GI:CI[:PROFILE],...", help="MIG devices to create")
     c.add_argument("--no-uvm", action="store_true", help="as if nvidia-uvm were not loaded")
     c.add_argument("--pad-ldcache", type=int, default=0, metavar="N",
                    help="add N small libraries to the loader cache")
-    c.add_argument("--lib-version", help="version of the user-space libraries (default: the driver's)")
+    c.add_argument("--lib-version", metavar="VERSION",
+                   help="version of the user-space libraries (default: the driver's)")
     c.add_argument("--json", action="store_true", help="print the description as JSON")
-    d = sub.add_parser("destroy", help="remove a simulated host made by create")
+    d = sub.add_parser("destroy", help="remove a simulated host made by create",
+                       description="Remove a simulated GPU host that sim create wrote into DIR "
+                       "(refused for a directory it did not write).")
     d.add_argument("dir", metavar="DIR")
-    args = parser.parse_args(argv)
+    return p
+
+
+def describe(info):
+    """What `sim create` prints: the GPUs, the roots, and a sandbox to try."""
+    import shlex
+    lines = [f"simulated GPU host in {info['root']}: {len(info['gpus'])} GPU(s), driver "
+             f"{info['driver_version']}, CUDA {info['cuda_version']}"]
+    for g in info["gpus"]:
+        lines.append(f"  GPU {g['index']}  /dev/nvidia{g['minor']}  {g['bus_id']}  {g['model']}  "
+                     f"{g['uuid']}")
+        for m in g["mig"]:
+            lines.append(f"    MIG {m['profile']:<10} gi {m['gi']} ci {m['ci']}  {m['uuid']}")
+    lines.append(f"driver root: {info['root']}  dev root: {info['dev_root']}")
+    roots = ["--driver-root", info["root"]]
+    if info["dev_root"] != info["root"].rstrip("/") + "/dev":
+        roots += ["--dev-root", info["dev_root"]]
+    # `/` (the host's own userland) runs as it is, rootless or as root: no
+    # image to build before the first try.
+    try_cmd = shlex.join(["gpusandbox", "run", *roots, "--gpus", "0", "/", "nvidia-smi", "-L"])
+    lines.append(f"try: {try_cmd}")
+    lines.append("     (/ is this host's own userland, read-only; any image works in its place)")
+    return lines
+
+
+def main(argv=None):
+    """`gpusandbox sim create|destroy ...`; raises SandboxError for the CLI to print."""
+    args = parser().parse_args(argv)
     if args.command == "destroy":
         destroy(args.dir)
         return 0
@@ -37,12 +73,5 @@ def main(argv=None):
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    print(f"simulated GPU host in {info['root']}: {len(info['gpus'])} GPU(s), driver "
-          f"{info['driver_version']}, CUDA {info['cuda_version']}")
-    for g in info["gpus"]:
-        print(f"  GPU {g['index']}  /dev/nvidia{g['minor']}  {g['bus_id']}  {g['model']}  {g['uuid']}")
-        for m in g["mig"]:
-            print(f"    MIG {m['profile']:<10} gi {m['gi']} ci {m['ci']}  {m['uuid']}")
-    print(f"driver root: {info['root']}  dev root: {info['dev_root']}\n"
-          f"try: {info['root']}/usr/bin/nvidia-smi -L")
+    print("\n".join(describe(info)))
     return 0

@@ -429,3 +429,15 @@ def test_a_nodev_filesystem_is_refused_before_anything_is_written(workdir):
         assert os.listdir(mnt) == []
     finally:
         subprocess.run(["umount", mnt], check=True)
+
+
+def test_create_suggests_a_sandbox_to_try_not_a_host_command():
+    from gpusandbox.sim.cli import describe
+    gpu = {"index": 0, "minor": 0, "bus_id": "0000:06:00.0", "model": "M", "uuid": "GPU-x",
+           "mig": []}
+    info = {"root": "/tmp/my sim", "dev_root": "/tmp/my sim/dev", "driver_version": "550.54.15",
+            "cuda_version": "12.4", "gpus": [gpu]}
+    tries = [ln for ln in describe(info) if ln.startswith("try: ")]
+    assert tries == ["try: gpusandbox run --driver-root '/tmp/my sim' --gpus 0 / nvidia-smi -L"]
+    info["dev_root"] = "/dev2"
+    assert "--driver-root '/tmp/my sim' --dev-root /dev2 --gpus 0" in "\n".join(describe(info))

@@ -13,10 +13,23 @@ USAGE = """usage: gpusandbox cdi generate [--output FILE|DIR|-] [--format json|y
        gpusandbox cdi list [--spec-dir DIR]...
        gpusandbox cdi check [SPEC...] [--driver-root DIR] [--dev-root DIR] [--spec-dir DIR]...
 
+Container Device Interface specs: generate one for this host's GPUs, list the devices
+of those in place, check them against the host.
+
 Spec directories (lowest priority first): $GPUSANDBOX_CDI_SPEC_DIRS (colon-separated),
 else /etc/cdi then /var/run/cdi.  See docs/cdi.md.
 """
 _LIBVER = re.compile(r"\.so\.(\d+\.\d+(?:\.\d+)?)\Z")
+
+
+_DESCRIPTIONS = {
+    "generate": "Write a CDI spec of this host's GPUs (each GPU and MIG device, and all) "
+                "for podman --device, containerd or run --device VENDOR/CLASS=NAME.",
+    "list": "List the CDI devices the spec directories define, and the file of each.",
+    "check": "Check CDI specs (given, else those in the spec directories) against this "
+             "host: device nodes, driver files and devices that changed since.  Exit 1 "
+             "when one is stale.",
+}
 
 
 def _parser(prog):
@@ -25,7 +38,7 @@ def _parser(prog):
     class Parser(argparse.ArgumentParser):
         def error(self, message):
             raise UsageError(f"{prog}: {message}", None, "run 'gpusandbox cdi --help'")
-    return Parser(prog=prog, add_help=True)
+    return Parser(prog=prog, add_help=True, description=_DESCRIPTIONS[prog.rpartition(" ")[2]])
 
 
 def _dirs(args):

@@ -16,6 +16,9 @@ from ...errors import SandboxError, printable
 
 USAGE = """usage: gpusandbox-oci [--root DIR] [--log FILE] [--log-format text|json] COMMAND
 
+The runc command line, for podman, docker, containerd and conmon to start containers
+through gpusandbox's setup (also `gpusandbox oci`).  See docs/oci.md.
+
 commands:
   create --bundle DIR [--pid-file F] [--console-socket S] [--preserve-fds N] ID
   start ID            state ID            kill ID [SIGNAL] [--all]
