@@ -14,7 +14,7 @@ commands:
   images [--json]                             the images in the store
   rmi REF|DIGEST...                           remove images from the store
   prune                                       remove unreferenced images and blobs
-  inspect REF [--json]                        an image's platform, config and layers
+  inspect REF... [--json]                     an image's names, platform, size, config and layers
   info [--json]                               driver, CUDA ceiling, GPUs, isolation available here
   list [--gpus SEL] [--gpu-caps CAPS] [--gpu-memory N] [--gpu-compute P]
                                               host files a launch with these options would inject,

@@ -3,13 +3,11 @@ argparse and json are fine here)."""
 import argparse
 import json
 import sys
-import time
 
-from . import config as cfgmod
 from . import manifest as mf
 from . import ref as refmod
 from .digest import ImageError
-from ..errors import UsageError, printable
+from ..errors import UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,41 +75,26 @@ def main_pull(argv):
     prog.finish()
     if a.output:
         sqshout.write(st.fd, st.image_dir(rec["digest"]) + "/rootfs", a.output,
-                      config=st.read_blob(rec["config"]), sealed=st.sealed(rec["digest"]))
+                      config=st.read_blob(rec["config"]), sealed=st.sealed(rec["digest"]),
+                      progress=prog if prog.mode != "none" else None)
     sys.stdout.write(rec["digest"] + "\n")
     return 0
 
 
-def _rows(st):
-    names = {}
-    for n, d in st.refs():
-        names.setdefault(d, []).append(n)
-    for d in st.image_digests():
-        rec = st.image_record(d) or {}
-        for n in names.get(d) or ["<none>"]:
-            yield {"reference": n, "digest": d, "size": rec.get("size"),
-                   "created": rec.get("created"), "last_used": st.last_used(d),
-                   "platform": rec.get("platform"), "store": st.root}
-
-
 @_oserrors
 def main_images(argv):
-    p = _parser("images", "List the images in the store (then the site store).")
-    p.add_argument("--json", action="store_true")
+    p = _parser("images", "List the images in the store (then the site store): SIZE is "
+                "the unpacked image's, COMPRESSED its layers' as pulled.")
+    p.add_argument("--json", action="store_true", help="raw numbers for tools: size (the "
+                   "compressed layers' bytes), unpacked_size, last_used (epoch seconds)")
     a = p.parse_args(argv)
     from .runimage import stores
-    rows = [r for st in stores(a.store) if st is not None for r in _rows(st)]
+    from .show import image_rows, images_text
+    rows = [r for st in stores(a.store) if st is not None for r in image_rows(st)]
     if a.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
-        return 0
-    sys.stdout.write(f"{'REFERENCE':<50} {'DIGEST':<19} {'SIZE':>10} {'CREATED':<16} "
-                     f"{'LAST USED':<16}\n")
-    for r in rows:
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["last_used"])) \
-            if r["last_used"] else "-"
-        created = (r["created"] or "-")[:16].replace("T", " ")
-        sys.stdout.write(f"{printable(r['reference']):<50} {r['digest'][:19]:<19} "
-                         f"{r['size'] or 0:>10} {printable(created):<16} {used:<16}\n")
+    else:
+        sys.stdout.write(images_text(rows))
     return 0
 
 
@@ -140,38 +123,34 @@ def main_prune(argv):
                 "and what killed pulls left.")
     a = p.parse_args(argv)
     from .runimage import stores
+    from .sizes import human
     n_img, n_blob, freed = stores(a.store).writable().prune()
-    sys.stdout.write(f"removed {n_img} images, {n_blob} blobs, {freed} bytes\n")
+    sys.stdout.write(f"removed {n_img} images, {n_blob} blobs, {human(freed)} freed\n")
     return 0
 
 
 @_oserrors
 def main_inspect(argv):
-    p = _parser("inspect", "Show an image's platform, config and layers.")
-    p.add_argument("ref", metavar="REF")
-    p.add_argument("--json", action="store_true")
+    p = _parser("inspect", "Show images' names, platform, size, config (Entrypoint, Cmd, "
+                "Env, WorkingDir, User, Labels) and layers.")
+    p.add_argument("refs", nargs="+", metavar="REF")
+    p.add_argument("--json", action="store_true",
+                   help="docker's image inspect JSON: a list of objects (Id, RepoTags, "
+                        "RepoDigests, Created, Architecture, Os, Config, RootFS, Size)")
     a = p.parse_args(argv)
     from .runimage import find, stores
-    ref = refmod.parse(a.ref)
+    from .show import inspect_doc, inspect_text
     all_stores = stores(a.store)
-    hit = find(ref, all_stores)
-    if hit is None:
-        raise ImageError(f"image not found: {ref.canonical()}", "not in the store",
-                         "'gpusandbox images' lists them")
-    st, d = hit
-    rec = st.image_record(d) or {}
-    conf = cfgmod.parse(st.read_blob(rec["config"]))
-    out = {"reference": ref.canonical(), "digest": d, "config": rec.get("config"),
-           "platform": mf.format_platform(conf.platform()), "created": conf.created,
-           "Env": [f"{k}={v}" for k, v in conf.env], "Entrypoint": conf.entrypoint,
-           "Cmd": conf.cmd, "WorkingDir": conf.workdir, "User": conf.user,
-           "Labels": conf.labels, "layers": rec.get("layers"), "size": rec.get("size"),
-           "store": st.root}
+    docs = []
+    for text in a.refs:
+        ref = refmod.parse(text)
+        hit = find(ref, all_stores)
+        if hit is None:
+            raise ImageError(f"image not found: {ref.canonical()}", "not in the store",
+                             "'gpusandbox images' lists them")
+        docs.append((ref.canonical(), inspect_doc(*hit)))
     if a.json:
-        sys.stdout.write(json.dumps(out, indent=1) + "\n")
+        sys.stdout.write(json.dumps([doc for _, doc in docs], indent=4) + "\n")
     else:
-        for key, val in out.items():
-            # Image strings may hold terminal escapes: JSON-escaped or printable() only.
-            shown = json.dumps(val) if isinstance(val, (list, dict)) else printable(val)
-            sys.stdout.write(f"{key + ':':<12} {shown}\n")
+        sys.stdout.write("\n".join(inspect_text(doc, asked) for asked, doc in docs))
     return 0

@@ -155,7 +155,11 @@ def _unpack(st, dig, man, conf, progress):
         finally:
             os.close(rootfd)
         size = sum(d["size"] for d in man["layers"])
+        from .sizes import tree_bytes
+        # "size" is the compressed layers' (what a pull fetches), "unpacked"
+        # the tree's (what docker calls the image's size): `images` shows both.
         rec = {"digest": dig, "config": man["config"]["digest"], "size": size,
+               "unpacked": tree_bytes(sfd, "rootfs"),
                "created": conf.created, "platform": mf.format_platform(conf.platform()),
                "layers": [d["digest"] for d in man["layers"]],
                "diff_ids": list(conf.diff_ids), "pulled": int(time.time())}

@@ -35,6 +35,7 @@ from ..spec import names_squashfs
 from .digest import ImageError
 
 MKSQUASHFS = "mksquashfs"
+POLL = 0.25
 
 
 def check_target(path):
@@ -52,11 +53,13 @@ def check_target(path):
                          "install squashfs-tools (Debian/Ubuntu: apt install squashfs-tools)")
 
 
-def write(dirfd, rel, path, config=None, sealed=()):
+def write(dirfd, rel, path, config=None, sealed=(), progress=None):
     """Write the tree at rel under the directory fd dirfd (the store's
     unpacked image: the store is reached through its held fd) to path, with
     the config blob bytes `config` as /.gpusandbox/config.json, and the
-    directories of `sealed` (StoreReader.sealed) as the image had them."""
+    directories of `sealed` (StoreReader.sealed) as the image had them.
+    progress: a pull Progress, told how much of the file is written as it
+    goes."""
     rootfs = f"/proc/self/fd/{dirfd}/{rel}"
     target = os.path.abspath(path)
     parent, name = os.path.split(target)
@@ -87,18 +90,19 @@ def write(dirfd, rel, path, config=None, sealed=()):
             argv += ["-p", f"{CONFIG_DIR} d 755 0 0",
                      "-p", f"{CONFIG_PATH} f 444 0 0 cat {shlex.quote(cpath)}",
                      "-e", CONFIG_DIR.lstrip("/")]
-        res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, close_fds=True, pass_fds=(dirfd,))
-        if res.returncode != 0:
-            last = (res.stderr.decode("utf-8", "replace").strip().splitlines() or ["?"])[-1]
+        code, err = _run(argv, dirfd, tmpdir, out, path, progress)
+        if code != 0:
+            last = (err.decode("utf-8", "replace").strip().splitlines() or ["?"])[-1]
             raise ImageError(f"writing {path} with mksquashfs",
-                             f"it exited with {res.returncode}: {last[:200]}")
+                             f"it exited with {code}: {last[:200]}")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(out, 0o666 & ~umask)
         with open(out, "rb") as f:
             os.fsync(f.fileno())
         os.rename(out, target)
+        if progress is not None:
+            progress("squashed", {"path": target, "size": os.stat(target).st_size})
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
@@ -108,3 +112,32 @@ def _pseudo_name(path):
     [A-Za-z0-9._/-] escaped with a backslash (image names are arbitrary)."""
     return "".join(c if c.isascii() and (c.isalnum() or c in "._/-") else "\\" + c
                    for c in path)
+
+
+def _run(argv, dirfd, tmpdir, out, path, progress):
+    """Run mksquashfs; (exit status, its stderr).  With progress, the bytes
+    written so far are passed on as "squash" events every POLL seconds:
+    mksquashfs's own bar is no help here (4.5.1 never flushes it to a pipe
+    or a terminal before the end, and it counts blocks of an estimate)."""
+    with open(os.path.join(tmpdir, "stderr"), "w+b") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, close_fds=True, pass_fds=(dirfd,))
+        try:
+            if progress is not None:
+                progress("squash-start", {"path": os.path.abspath(path)})
+            while True:
+                try:
+                    code = proc.wait(timeout=POLL if progress is not None else None)
+                    break
+                except subprocess.TimeoutExpired:
+                    try:
+                        written = os.stat(out).st_size
+                    except OSError:
+                        written = 0
+                    progress("squash", {"written": written})
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        err.seek(0)
+        return code, err.read(64 << 10)

@@ -57,3 +57,28 @@ def test_pull_output_must_be_named_sqsh(runner, store, image_files):  # noqa: F8
     assert all(ln.startswith("hint: ") for ln in lines[1:]), r.stderr
     # Refused before any work: nothing pulled, nothing written.
     assert not store.exists() and not target.exists()
+
+
+def test_pull_output_says_what_it_writes_unless_quiet(runner, store, image_files):  # noqa: F811
+    """While mksquashfs writes the file a progress line says so (tty: in
+    place; plain, a log: a line when it starts), then where it went; -q:
+    nothing but the digest."""
+    import re
+    from gpusandbox.image.sizes import human
+    target = store.parent / "p.sqsh"
+    ref = f"oci:{image_files['layout']}:v1"
+    r = gsbx(runner, store, ["pull", "--progress", "tty", "-o", str(target), ref])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == image_files["digest"]
+    wrote = re.escape(f"wrote {target} ({human(os.stat(target).st_size)}) in ") + r"\d+ s\n"
+    # (text mode reads the \r of an in-place rewrite as a line end)
+    assert re.search(r"\x1b\[K" + wrote + r"\Z", r.stderr), r.stderr
+    squash = r.stderr[r.stderr.index("done: "):].splitlines()[1:-1]
+    assert all(re.fullmatch(r"\x1b\[Kwriting p\.sqsh: [\d.]+ [kMG]?B so far, \d+ s", ln)
+               for ln in squash if ln not in ("", "\x1b[K")), squash
+    r = gsbx(runner, store, ["pull", "--progress", "plain", "-o", str(target), ref])
+    assert r.returncode == 0, r.stderr
+    assert f"writing {target} with mksquashfs" in r.stderr.splitlines()
+    assert re.search(wrote + r"\Z", r.stderr), r.stderr
+    r = gsbx(runner, store, ["pull", "-q", "-o", str(target), ref])
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
