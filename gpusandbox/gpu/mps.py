@@ -241,8 +241,8 @@ class Daemon:
                              env=self.env(), timeout=timeout, cwd="/")
         if res.returncode != 0:
             raise GpuError(f"MPS control command {line.split()[0]!r} failed",
-                           (res.stderr or res.stdout).strip().splitlines()[-1:] or
-                           [f"exit status {res.returncode}"])
+                           ((res.stderr or res.stdout).strip().splitlines() or
+                            [f"exit status {res.returncode}"])[-1])
         return res.stdout.strip()
 
     def started(self):

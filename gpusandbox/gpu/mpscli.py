@@ -12,14 +12,16 @@ import sys
 from gpusandbox.errors import GpuError, UsageError
 
 
-def _args(argv):
+def parser():
     import argparse
 
     class Parser(argparse.ArgumentParser):
         def error(self, message):
             raise UsageError("gpusandbox mps", message, hint="see gpusandbox mps --help")
 
-    p = Parser(prog="gpusandbox mps", description=__doc__.split("\n")[0])
+    p = Parser(prog="gpusandbox mps", description="The caller's MPS daemons, one per GPU: "
+               "up starts them (and can set their defaults), down stops them, status shows "
+               "them (docs/sharing.md).")
     p.add_argument("action", choices=("up", "down", "status"))
     p.add_argument("--gpus", default="all", help="GPUs (default all)")
     p.add_argument("--exclusive", action="store_true",
@@ -28,10 +30,11 @@ def _args(argv):
                    "ceilings sum over the GPU's memory")
     p.add_argument("--gpu-memory", help="up: the daemon's default pinned memory limit")
     p.add_argument("--gpu-compute", help="up: the daemon's default active thread percentage")
-    p.add_argument("--driver-root", default="/")
-    p.add_argument("--dev-root")
-    p.add_argument("--json", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument("--driver-root", default="/", help="root of the NVIDIA driver files")
+    p.add_argument("--dev-root", help="where the /dev/nvidia* nodes are "
+                   "(default: <driver root>/dev)")
+    p.add_argument("--json", action="store_true", help="one object per GPU, for tools")
+    return p
 
 
 def _daemons(a):
@@ -54,7 +57,7 @@ def _smi_mode(host, gpu, mode=None):
                          capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
     if res.returncode != 0:
         raise GpuError(f"nvidia-smi -c {mode} on GPU {gpu.index} failed",
-                       (res.stdout + res.stderr).strip().splitlines()[-1:] or None)
+                       ((res.stdout + res.stderr).strip().splitlines() or [None])[-1])
 
 
 def readback_ok(want_mib=None, shown=None, want_pct=None, shown_pct=None):
@@ -99,7 +102,11 @@ def _up(host, d, a):
             _smi_mode(host, d.gpu, "EXCLUSIVE_PROCESS")
     started = d.start()
     d.write_state(strict=a.strict, **state)
-    out = {"gpu": d.gpu.index, "started": started, "strict": a.strict}
+    out = {"gpu": d.gpu.index, "started": started, "pid": _pid(d),
+           "strict": a.strict}
+    if a.exclusive:
+        out["mode_was"] = mode
+        out["previous_mode"] = state["previous_mode"]
     if mib is not None:
         out["memory"] = _set_default(
             d, "MPS memory limit", f"{mib}M", "device_pinned_mem_limit 0",
@@ -122,17 +129,83 @@ def _set_default(d, what, value, name, ok):
     return shown
 
 
+def _pid(d):
+    """The daemon's pid for the sentence that names it (None: its pid file
+    is not one to trust; stop() and status() say why)."""
+    try:
+        return d.pid()
+    except GpuError:
+        return None
+
+
 def _down(host, d):
+    pid = _pid(d)
     stopped = d.stop()
     prev = d.read_state().get("previous_mode")
     if prev and prev != "Exclusive_Process":
         _smi_mode(host, d.gpu, prev.upper())
     d.remove()
-    return {"gpu": d.gpu.index, "stopped": stopped, "restored_mode": prev}
+    return {"gpu": d.gpu.index, "stopped": stopped, "pid": pid if stopped else None,
+            "restored_mode": prev}
+
+
+def up_lines(r):
+    """What `mps up` did on one GPU, in sentences."""
+    pid = f" (pid {r['pid']})" if r.get("pid") else ""
+    lines = [f"GPU {r['gpu']}: MPS daemon " + (f"started{pid}" if r["started"]
+                                               else f"already running{pid}")]
+    if "previous_mode" in r:
+        if r["mode_was"] == "Exclusive_Process":
+            lines.append("  compute mode already Exclusive_Process")
+        else:
+            lines.append(f"  compute mode set to Exclusive_Process (was {r['mode_was']}; "
+                         "'gpusandbox mps down' restores it)")
+    if r["strict"]:
+        lines.append("  strict: a launch whose --gpu-memory would take the running "
+                     "sandboxes' ceilings over the GPU's memory is refused")
+    if "memory" in r:
+        lines.append(f"  default memory limit per CUDA process: {r['memory']}")
+    if "compute" in r:
+        lines.append(f"  default share of SMs per CUDA process: {r['compute']}%")
+    return lines
+
+
+def down_lines(r):
+    """What `mps down` did on one GPU, in sentences."""
+    if r["stopped"]:
+        pid = f" (pid {r['pid']})" if r.get("pid") else ""
+        line = f"GPU {r['gpu']}: MPS daemon{pid} stopped"
+    else:
+        line = f"GPU {r['gpu']}: no MPS daemon of yours was running"
+    prev = r["restored_mode"]
+    if prev == "Exclusive_Process":
+        line += "; compute mode left at Exclusive_Process, as 'mps up --exclusive' found it"
+    elif prev:
+        line += f"; compute mode restored to {prev}"
+    return [line]
+
+
+def status_lines(r):
+    """One GPU's daemon, as `mps status` shows it."""
+    if r["running"]:
+        lines = [f"GPU {r['gpu']}: MPS daemon running (pid {r['pid']}); pipe {r['pipe']}"]
+    elif r.get("error"):
+        lines = [f"GPU {r['gpu']}: MPS daemon state unknown: {r['error']}"]
+    else:
+        lines = [f"GPU {r['gpu']}: no MPS daemon of yours is running"]
+    if r["running"] and r.get("strict"):
+        lines.append("  strict: launches over the GPU's memory are refused")
+    if r["running"] and r.get("previous_mode"):
+        lines.append(f"  compute mode set by 'mps up --exclusive' (was {r['previous_mode']}; "
+                     "'gpusandbox mps down' restores it)")
+    if r["tier"]:
+        lines.append(f"  {r['tier']}")
+    lines.append(f"  tier 3 (driver memory limits) unavailable: {r['dmem']}")
+    return lines
 
 
 def main(argv):
-    a = _args(argv)
+    a = parser().parse_args(argv)
     host, daemons = _daemons(a)
     rows = []
     for d in daemons:
@@ -149,13 +222,7 @@ def main(argv):
     if a.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
         return 0
+    lines = {"up": up_lines, "down": down_lines, "status": status_lines}[a.action]
     for r in rows:
-        if a.action == "status":
-            state = f"running, pid {r['pid']}" if r["running"] else r.get("error", "not running")
-            sys.stdout.write(f"GPU {r['gpu']}: MPS daemon {state}; pipe {r['pipe']}\n")
-            if r["tier"]:
-                sys.stdout.write(f"  {r['tier']}\n")
-            sys.stdout.write(f"  tier 3 (driver memory limits) unavailable: {r['dmem']}\n")
-        else:
-            sys.stdout.write(" ".join(f"{k}={v}" for k, v in r.items()) + "\n")
+        sys.stdout.write("".join(ln + "\n" for ln in lines(r)))
     return 0

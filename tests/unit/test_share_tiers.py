@@ -58,6 +58,9 @@ class _Daemon:
     def start(self):
         return True
 
+    def pid(self):
+        return 4242
+
     def read_state(self):
         return dict(self.state)
 
@@ -75,15 +78,24 @@ esac
 """)
     monkeypatch.setattr(mpscli.os, "geteuid", lambda: 0)
     d = _Daemon(gpu)
-    args = mpscli._args(["up", "--exclusive"])
-    mpscli._up(host, d, args)
+    args = mpscli.parser().parse_args(["up", "--exclusive"])
+    first = mpscli._up(host, d, args)
     assert mode.read_text().strip() == "Exclusive_Process"
-    mpscli._up(host, d, args)
+    again = mpscli._up(host, d, args)
     assert d.state["previous_mode"] == "Default"
+    # What mps up and down say, in sentences.
+    assert mpscli.up_lines(first) == [
+        "GPU 0: MPS daemon started (pid 4242)",
+        "  compute mode set to Exclusive_Process (was Default; 'gpusandbox mps down' "
+        "restores it)"]
+    assert mpscli.up_lines(again)[1] == "  compute mode already Exclusive_Process"
     monkeypatch.setattr(d, "stop", lambda: True, raising=False)
     monkeypatch.setattr(d, "remove", lambda: None, raising=False)
-    assert mpscli._down(host, d)["restored_mode"] == "Default"
+    down = mpscli._down(host, d)
+    assert down["restored_mode"] == "Default"
     assert mode.read_text().strip() == "DEFAULT"
+    assert mpscli.down_lines(down) == [
+        "GPU 0: MPS daemon (pid 4242) stopped; compute mode restored to Default"]
 
 
 def test_info_names_the_tier_a_launch_uses_and_its_limit(tmp_path, monkeypatch):
