@@ -30,6 +30,8 @@ commands:
   mps up|down|status [--gpus SEL] [--exclusive]  the caller's MPS daemons (docs/sharing.md)
   slurm-oci run|state|kill|delete BUNDLE      the runtime of Slurm's oci.conf (srun --container)
   oci [--root DIR] COMMAND ...                the OCI runtime command line (runc's; docs/oci.md)
+  completion bash|zsh                         print the shell completion script
+  man [run] [-o DIR]                          print the man page gpusandbox(1) or gpusandbox-run(1)
   version                                     print the version
 """
 
@@ -51,6 +53,8 @@ _COMMANDS = {
     "rmi": ("gpusandbox.image.cli", "main_rmi"),
     "prune": ("gpusandbox.image.cli", "main_prune"),
     "inspect": ("gpusandbox.image.cli", "main_inspect"),
+    "completion": ("gpusandbox.cliref", "main_completion"),
+    "man": ("gpusandbox.cliref", "main_man"),
 }
 
 

@@ -69,7 +69,8 @@ Root filesystem:
                               (refused for /: no overlay can carry the host's submounts)
   --rw                        write through to IMAGE_DIR (missing mount points are created in it;
                               refused for /)
-  -v, --bind SRC:DST[:ro|rw]  bind-mount a host path (repeatable; default rw; also --volume)
+  -v, --bind, --volume SRC:DST[:ro|rw]
+                              bind-mount a host path (repeatable; default rw)
   -v PATH                     the host's PATH at the same path inside, rw
   --mount type=bind,src=SRC,dst=DST[,ro]
                               docker's spelling of -v (source=, target=, destination=, readonly;
@@ -129,6 +130,12 @@ _FLAGS = {
     # docker's habits with nothing to do here: stdin is always passed on, and
     # a sandbox never outlives its command.
     "-i": None, "--interactive": None, "--rm": None,
+}
+# The options that take one of a few words (checked by _option; shell
+# completion offers them).
+CHOICES = {
+    "--userns": ("auto", "single", "subids", "host"), "--cuda-compat": ("auto", "off", "force"),
+    "--share": ("node", "none"), "--gpu-visibility": ("task", "step"), "--net": ("host", "none"),
 }
 # Short options that take a value, for docker's clusters (-it, -itv SRC:DST,
 # -w/tmp): the last letter of a cluster may take the rest, or the next word.
@@ -264,26 +271,15 @@ def _option(spec, name, val):
         spec.env_files.append(val)
     elif attr == "user":
         spec.user = parse_user(val)
-    elif attr == "userns":
-        if val not in ("auto", "single", "subids", "host"):
-            _bad(f"invalid --userns {val!r}", None, "use auto, single, subids or host")
-        spec.userns = val
-    elif attr == "cuda_compat":
-        if val not in ("auto", "off", "force"):
-            _bad(f"invalid --cuda-compat {val!r}", None, "use auto, off or force")
-        spec.cuda_compat = val
-    elif attr in ("share", "gpu_visibility"):
-        allowed = ("node", "none") if attr == "share" else ("task", "step")
+    elif name in CHOICES:
+        allowed = CHOICES[name]
         if val not in allowed:
-            _bad(f"invalid {name} {val!r}", None, f"use {allowed[0]} or {allowed[1]}")
+            _bad(f"invalid {name} {val!r}", None,
+                 f"use {', '.join(allowed[:-1])} or {allowed[-1]}")
         setattr(spec, attr, val)
     elif attr == "profile":
         from .profile import parse
         spec.profile = parse(val)
-    elif attr == "net":
-        if val not in ("host", "none"):
-            _bad(f"invalid --net {val!r}", None, "use host or none")
-        spec.net = val
     else:
         setattr(spec, attr, val)
 

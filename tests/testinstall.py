@@ -24,7 +24,7 @@ def base_from_env():
 
 def _src_hash():
     h = hashlib.sha256()
-    for top in ("gpusandbox", "seccomp", "bin", "pyproject.toml"):
+    for top in ("gpusandbox", "seccomp", "bin", "pyproject.toml", "setup.py"):
         p = REPO / top
         files = [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file()
                                                 and "__pycache__" not in x.parts)

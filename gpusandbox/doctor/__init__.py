@@ -100,9 +100,10 @@ def _parser():
                "host driver and (given IMAGE_DIR, FILE.sqsh or a store image) the image, then run a test sandbox.",
                epilog="Exit status: 0 nothing failed (warnings allowed), 1 a check failed, "
                       "125 usage error.")
-    p.add_argument("--gpus", default="all", help="GPUs to verify (default: all)")
-    p.add_argument("--driver-root", default="/", help="where the host driver lives (default /)")
-    p.add_argument("--dev-root", default=None, help="where its device nodes live")
+    p.add_argument("--gpus", default="all", metavar="SEL", help="GPUs to verify (default: all)")
+    p.add_argument("--driver-root", default="/", metavar="DIR",
+                   help="where the host driver lives (default /)")
+    p.add_argument("--dev-root", default=None, metavar="DIR", help="where its device nodes live")
     p.add_argument("--userns", default="auto", choices=("auto", "single", "subids", "host"),
                    help="check the prerequisites of this user-namespace mode")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -23,15 +23,18 @@ def parser():
                "up starts them (and can set their defaults), down stops them, status shows "
                "them (docs/sharing.md).")
     p.add_argument("action", choices=("up", "down", "status"))
-    p.add_argument("--gpus", default="all", help="GPUs (default all)")
+    p.add_argument("--gpus", default="all", metavar="SEL", help="GPUs (default all)")
     p.add_argument("--exclusive", action="store_true",
                    help="up: set EXCLUSIVE_PROCESS (root); down restores the previous mode")
     p.add_argument("--strict", action="store_true", help="up: refuse launches whose memory "
                    "ceilings sum over the GPU's memory")
-    p.add_argument("--gpu-memory", help="up: the daemon's default pinned memory limit")
-    p.add_argument("--gpu-compute", help="up: the daemon's default active thread percentage")
-    p.add_argument("--driver-root", default="/", help="root of the NVIDIA driver files")
-    p.add_argument("--dev-root", help="where the /dev/nvidia* nodes are "
+    p.add_argument("--gpu-memory", metavar="SIZE",
+                   help="up: the daemon's default pinned memory limit")
+    p.add_argument("--gpu-compute", metavar="PCT",
+                   help="up: the daemon's default active thread percentage")
+    p.add_argument("--driver-root", default="/", metavar="DIR",
+                   help="root of the NVIDIA driver files")
+    p.add_argument("--dev-root", metavar="DIR", help="where the /dev/nvidia* nodes are "
                    "(default: <driver root>/dev)")
     p.add_argument("--json", action="store_true", help="one object per GPU, for tools")
     return p

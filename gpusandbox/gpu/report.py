@@ -43,18 +43,19 @@ def _parser(prog, with_selection):
                              hint=f"see gpusandbox {prog} --help")
 
     p = Parser(prog=f"gpusandbox {prog}", description=_DESCRIPTIONS[prog])
-    p.add_argument("--driver-root", default="/", help="root of the NVIDIA driver files")
-    p.add_argument("--dev-root", default=None, help="where the /dev/nvidia* nodes are "
-                   "(default: <driver root>/dev)")
+    p.add_argument("--driver-root", default="/", metavar="DIR",
+                   help="root of the NVIDIA driver files")
+    p.add_argument("--dev-root", default=None, metavar="DIR", help="where the /dev/nvidia* "
+                   "nodes are (default: <driver root>/dev)")
     p.add_argument("--json", action="store_true", help="print JSON")
     if with_selection:
-        p.add_argument("--gpus", default=None, help="all, none, auto or a list (default: "
+        p.add_argument("--gpus", default=None, metavar="SEL", help="all, none, auto or a list (default: "
                        "NVIDIA_VISIBLE_DEVICES, else all)")
-        p.add_argument("--gpu-caps", default=None, help="driver capabilities "
+        p.add_argument("--gpu-caps", default=None, metavar="CAPS", help="driver capabilities "
                        "(default: NVIDIA_DRIVER_CAPABILITIES, else utility,compute)")
-        p.add_argument("--gpu-memory", default=None, help="the sharing tier a launch with "
+        p.add_argument("--gpu-memory", default=None, metavar="SIZE", help="the sharing tier a launch with "
                        "this per-process memory ceiling would use")
-        p.add_argument("--gpu-compute", default=None, help="the sharing tier a launch with "
+        p.add_argument("--gpu-compute", default=None, metavar="PCT", help="the sharing tier a launch with "
                        "this SM percentage would use")
     return p
 

@@ -36,22 +36,31 @@ def _oserrors(fn):
     return wrapped
 
 
-@_oserrors
-def main_pull(argv):
+def pull_parser():
     p = _parser("pull", "Pull an image into the store.  REF: docker://[HOST[:PORT]/]REPO"
                 "[:TAG|@DIGEST], oci:DIR[:TAG], oci-archive:FILE[:TAG], "
                 "docker-archive:FILE[:NAME:TAG]; short names follow docker's rule "
                 "(ubuntu is docker.io/library/ubuntu:latest).")
-    p.add_argument("ref", metavar="REF")
-    p.add_argument("--platform", metavar="OS/ARCH[/VARIANT]")
-    p.add_argument("--authfile", metavar="FILE")
-    p.add_argument("--tls-verify", default="true", choices=("true", "false"))
-    p.add_argument("--progress", default="auto", choices=("auto", "tty", "plain", "json", "none"))
+    p.add_argument("ref", metavar="REF", help="the image to pull")
+    p.add_argument("--platform", metavar="OS/ARCH[/VARIANT]",
+                   help="the platform to pull from a multi-platform image (default: this "
+                        "host's)")
+    p.add_argument("--authfile", metavar="FILE", help="registry credentials (default: "
+                   "$REGISTRY_AUTH_FILE, the containers auth.json, ~/.docker/config.json)")
+    p.add_argument("--tls-verify", default="true", choices=("true", "false"),
+                   help="false: allow plain http and unverified TLS (default true)")
+    p.add_argument("--progress", default="auto", choices=("auto", "tty", "plain", "json", "none"),
+                   help="auto: a status line on a terminal, else plain lines (default auto)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the digest")
     p.add_argument("-o", "--output", metavar="FILE.sqsh",
                    help="also write the image's root filesystem as one squashfs file "
                         "(for `gpusandbox run FILE.sqsh`; mksquashfs from squashfs-tools)")
-    a = p.parse_args(argv)
+    return p
+
+
+@_oserrors
+def main_pull(argv):
+    a = pull_parser().parse_args(argv)
     if a.output:
         from . import sqshout
         sqshout.check_target(a.output)
@@ -81,13 +90,17 @@ def main_pull(argv):
     return 0
 
 
-@_oserrors
-def main_images(argv):
+def images_parser():
     p = _parser("images", "List the images in the store (then the site store): SIZE is "
                 "the unpacked image's, COMPRESSED its layers' as pulled.")
     p.add_argument("--json", action="store_true", help="raw numbers for tools: size (the "
                    "compressed layers' bytes), unpacked_size, last_used (epoch seconds)")
-    a = p.parse_args(argv)
+    return p
+
+
+@_oserrors
+def main_images(argv):
+    a = images_parser().parse_args(argv)
     from .runimage import stores
     from .show import image_rows, images_text
     rows = [r for st in stores(a.store) if st is not None for r in image_rows(st)]
@@ -98,11 +111,16 @@ def main_images(argv):
     return 0
 
 
+def rmi_parser():
+    p = _parser("rmi", "Remove images by reference or manifest digest.")
+    p.add_argument("refs", nargs="+", metavar="REF|DIGEST",
+                   help="image names, or manifest digests (a prefix of 12 or more hex digits)")
+    return p
+
+
 @_oserrors
 def main_rmi(argv):
-    p = _parser("rmi", "Remove images by reference or manifest digest.")
-    p.add_argument("refs", nargs="+", metavar="REF|DIGEST")
-    a = p.parse_args(argv)
+    a = rmi_parser().parse_args(argv)
     from .runimage import stores
     st = stores(a.store).writable()
     items = []
@@ -117,11 +135,14 @@ def main_rmi(argv):
     return 0
 
 
+def prune_parser():
+    return _parser("prune", "Remove images no reference names, blobs no image needs, "
+                   "and what killed pulls left.")
+
+
 @_oserrors
 def main_prune(argv):
-    p = _parser("prune", "Remove images no reference names, blobs no image needs, "
-                "and what killed pulls left.")
-    a = p.parse_args(argv)
+    a = prune_parser().parse_args(argv)
     from .runimage import stores
     from .sizes import human
     n_img, n_blob, freed = stores(a.store).writable().prune()
@@ -129,15 +150,19 @@ def main_prune(argv):
     return 0
 
 
-@_oserrors
-def main_inspect(argv):
+def inspect_parser():
     p = _parser("inspect", "Show images' names, platform, size, config (Entrypoint, Cmd, "
                 "Env, WorkingDir, User, Labels) and layers.")
-    p.add_argument("refs", nargs="+", metavar="REF")
+    p.add_argument("refs", nargs="+", metavar="REF", help="images in the store")
     p.add_argument("--json", action="store_true",
                    help="docker's image inspect JSON: a list of objects (Id, RepoTags, "
                         "RepoDigests, Created, Architecture, Os, Config, RootFS, Size)")
-    a = p.parse_args(argv)
+    return p
+
+
+@_oserrors
+def main_inspect(argv):
+    a = inspect_parser().parse_args(argv)
     from .runimage import find, stores
     from .show import inspect_doc, inspect_text
     all_stores = stores(a.store)

@@ -144,13 +144,17 @@ def _new_dir(environ):
     raise OSError(2, f"{base} keeps disappearing")
 
 
+HELP = """usage: gpusandbox oci-filter < config.json > config.json
+
+podman's hooks.d precreate filter: reads a container's config.json on stdin and
+writes it back with the GPUs its NVIDIA_VISIBLE_DEVICES names added (gpusandbox
+hook install --stage precreate registers it; see docs/hook.md).
+"""
+
+
 def main(argv):
     if argv and argv[0] in ("-h", "--help"):
-        sys.stdout.write("usage: gpusandbox oci-filter < config.json > config.json\n\n"
-                         "podman's hooks.d precreate filter: reads a container's config.json "
-                         "on stdin and\nwrites it back with the GPUs its NVIDIA_VISIBLE_DEVICES "
-                         "names added (gpusandbox\nhook install --stage precreate registers it; "
-                         "see docs/hook.md).\n")
+        sys.stdout.write(HELP)
         return 0
     if len(argv) == 2 and argv[0] == "--remove":
         return remove(argv[1])

@@ -15,7 +15,7 @@ def parser():
                        "195:N device nodes, stub libcuda/libnvidia-ml and an nvidia-smi, to "
                        "pass to run, info, doctor and the other commands as --driver-root DIR. "
                        "Needs root (device nodes); the result is world-readable.")
-    c.add_argument("dir", metavar="DIR")
+    c.add_argument("dir", metavar="DIR", help="where to write the host (made if missing)")
     c.add_argument("--gpus", type=int, default=4, metavar="N", help="number of GPUs (default 4)")
     c.add_argument("--driver-version", default="550.54.15", metavar="VERSION",
                    help="the driver version reported (default 550.54.15)")
@@ -34,7 +34,7 @@ def parser():
     d = sub.add_parser("destroy", help="remove a simulated host made by create",
                        description="Remove a simulated GPU host that sim create wrote into DIR "
                        "(refused for a directory it did not write).")
-    d.add_argument("dir", metavar="DIR")
+    d.add_argument("dir", metavar="DIR", help="the host to remove")
     return p
 
 

@@ -1,6 +1,7 @@
 """A regular (non-editable) install, as README tells users to make one: pip
-builds the project quietly (no packaging warnings) and the installed CLI can
-write a simulated GPU host, whose C sources ship as package data."""
+builds the project quietly (no packaging warnings), the installed CLI can
+write a simulated GPU host, whose C sources ship as package data, and the
+man pages and completion scripts land in the prefix's share/."""
 import json
 import os
 import re
@@ -11,7 +12,7 @@ import pytest
 
 from .conftest import REPO
 
-SHIPPED = ("gpusandbox", "seccomp", "bin", "pyproject.toml", "README.md")
+SHIPPED = ("gpusandbox", "seccomp", "bin", "pyproject.toml", "setup.py", "README.md")
 
 
 @pytest.fixture
@@ -48,6 +49,19 @@ def test_regular_install_is_quiet_and_can_create_a_sim_host(source_copy, tmp_pat
     assert not warnings, "\n".join(warnings)
     site = next((venv / "lib").glob("python3*/site-packages"))
     assert (site / "gpusandbox" / "sim" / "src" / "simcommon.c").is_file()
+    # Generated at build time from the parsers, installed under share/: what
+    # the installed CLI prints, and man finds them from the venv's bin/ on PATH.
+    cli = str(venv / "bin" / "gpusandbox")
+    for rel, args in (("man/man1/gpusandbox.1", ["man"]),
+                      ("man/man1/gpusandbox-run.1", ["man", "run"]),
+                      ("bash-completion/completions/gpusandbox", ["completion", "bash"]),
+                      ("zsh/site-functions/_gpusandbox", ["completion", "zsh"])):
+        printed = subprocess.run([cli, *args], capture_output=True, text=True, timeout=60)
+        assert (venv / "share" / rel).read_text() == printed.stdout, rel
+    if shutil.which("man"):
+        r = subprocess.run(["man", "-w", "gpusandbox-run"], capture_output=True, text=True,
+                           env={"PATH": f"{venv}/bin:/usr/bin:/bin"}, timeout=60)
+        assert r.stdout.strip() == str(venv / "share/man/man1/gpusandbox-run.1"), r.stderr
     host = tmp_path / "sim"
     r = subprocess.run([str(venv / "bin" / "gpusandbox"), "sim", "create", str(host),
                         "--gpus", "2", "--json"], capture_output=True, text=True,

@@ -46,20 +46,36 @@ def _dirs(args):
     return args.spec_dir or spec_dirs()
 
 
+def generate_parser():
+    p = _parser("gpusandbox cdi generate")
+    p.add_argument("--output", default="-", metavar="FILE|DIR|-",
+                   help="where to write the spec: a file, a directory (e.g. /var/run/cdi) "
+                        "or - for stdout (default)")
+    p.add_argument("--format", choices=("json", "yaml"), default=None,
+                   help="the spec's format (default: json for a .json file, else yaml)")
+    p.add_argument("--vendor", default="nvidia.com", metavar="V",
+                   help="the kind's vendor (default nvidia.com)")
+    p.add_argument("--class", dest="cls", default="gpu", metavar="C",
+                   help="the kind's class (default gpu)")
+    p.add_argument("--device-name-strategy", action="append", dest="strategies",
+                   metavar="index|uuid|type-index",
+                   help="how devices are named (repeatable; default index and uuid)")
+    p.add_argument("--cdi-version", metavar="V",
+                   help="the cdiVersion to write (default: the lowest that holds the spec)")
+    p.add_argument("--gpu-caps", metavar="CAPS",
+                   help="driver capabilities whose files the spec mounts")
+    p.add_argument("--driver-root", default="/", metavar="DIR",
+                   help="where the host driver lives (default /)")
+    p.add_argument("--dev-root", metavar="DIR", help="where its device nodes live")
+    p.add_argument("--nvidia-cdi-hook-path", metavar="PATH",
+                   help="nvidia-cdi-hook for the spec's hooks (default: its usual path "
+                        "when it exists, else no hooks)")
+    return p
+
+
 def main_generate(argv):
     from gpusandbox.oci.cdi import produce as gen
-    p = _parser("gpusandbox cdi generate")
-    p.add_argument("--output", default="-")
-    p.add_argument("--format", choices=("json", "yaml"), default=None)
-    p.add_argument("--vendor", default="nvidia.com")
-    p.add_argument("--class", dest="cls", default="gpu")
-    p.add_argument("--device-name-strategy", action="append", dest="strategies")
-    p.add_argument("--cdi-version")
-    p.add_argument("--gpu-caps")
-    p.add_argument("--driver-root", default="/")
-    p.add_argument("--dev-root")
-    p.add_argument("--nvidia-cdi-hook-path")
-    a = p.parse_args(argv)
+    a = generate_parser().parse_args(argv)
     hook = a.nvidia_cdi_hook_path
     if hook is None:
         hook = gen.DEFAULT_HOOK if os.path.exists(gen.DEFAULT_HOOK) else ""
@@ -87,11 +103,16 @@ def main_generate(argv):
     return 0
 
 
+def list_parser():
+    p = _parser("gpusandbox cdi list")
+    p.add_argument("--spec-dir", action="append", metavar="DIR",
+                   help="a spec directory to read (repeatable; default: the usual ones)")
+    return p
+
+
 def main_list(argv):
     from gpusandbox.oci.cdi.registry import Registry
-    p = _parser("gpusandbox cdi list")
-    p.add_argument("--spec-dir", action="append")
-    a = p.parse_args(argv)
+    a = list_parser().parse_args(argv)
     reg = Registry(_dirs(a))
     for name in sorted(reg.devices):
         sys.stdout.write(f"{name}\t{reg.devices[name].path}\n")
@@ -160,15 +181,22 @@ def _device_changes(spec, fresh):
     return out
 
 
+def check_parser():
+    p = _parser("gpusandbox cdi check")
+    p.add_argument("specs", nargs="*", metavar="SPEC", help="spec files to check (default: "
+                   "those of the spec directories)")
+    p.add_argument("--driver-root", default="/", metavar="DIR",
+                   help="where the host driver lives (default /)")
+    p.add_argument("--dev-root", metavar="DIR", help="where its device nodes live")
+    p.add_argument("--spec-dir", action="append", metavar="DIR",
+                   help="a spec directory to read (repeatable; default: the usual ones)")
+    return p
+
+
 def main_check(argv):
     from gpusandbox.oci.cdi.registry import Registry, Spec
     from gpusandbox.oci.cdi.spec import parse
-    p = _parser("gpusandbox cdi check")
-    p.add_argument("specs", nargs="*", metavar="SPEC")
-    p.add_argument("--driver-root", default="/")
-    p.add_argument("--dev-root")
-    p.add_argument("--spec-dir", action="append")
-    a = p.parse_args(argv)
+    a = check_parser().parse_args(argv)
     if a.specs:
         specs = []
         for path in a.specs:
