@@ -5,8 +5,9 @@ hand-parsed container-stack commands.  Shell completion and the man pages
 are generated from this, so neither can list an option the parsers do not
 take, nor miss one they do (tests/unit/test_cliref.py holds them to it).
 
-Only gpusandbox modules whose imports are the standard library and attrs
-are imported here: setup.py runs this in pip's build environment."""
+The modules imported here need only the standard library (and attrs, for
+which cliref._parser_imports stands in when it is missing): setup.py runs
+this in pip's build environment."""
 import importlib
 import re
 
@@ -192,9 +193,7 @@ def from_argparse(path, parser, summary=""):
         else:
             positionals.append((act.metavar or act.dest, help_ or "",
                                 list(act.choices) if act.choices else None))
-    usage = parser.format_usage().strip()
-    usage = usage[len("usage: "):] if usage.startswith("usage: ") else usage
-    return Cmd(path, summary, parser.description or "", usage, opts, subs, positionals)
+    return Cmd(path, summary, parser.description or "", "", opts, subs, positionals)
 
 
 def _call(modname, func, *args):
@@ -229,7 +228,6 @@ def _table_opts(table, metavars, helps=None, choices=None):
 def _hook():
     from ..oci import hook
     install = Cmd("hook install", "write podman's hooks.d entry for the hook",
-                  usage=hook.USAGE.splitlines()[1].split("gpusandbox ", 1)[1],
                   options=_table_opts(hook.INSTALL_OPTIONS,
                                       {"--dir": "DIR", "--stage": "STAGE",
                                        "--driver-root": "DIR", "--dev-root": "DIR"},
