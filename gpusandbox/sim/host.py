@@ -96,9 +96,49 @@ def destroy(root):
                          hint="only directories made by `gpusandbox sim create` can be destroyed")
     created = _marker_created(marker)
     _refuse_mounts_below(root)
+    _end_programs_of(root)
     _remove_contents(root)
     if created:
         os.rmdir(root)
+
+
+def _end_programs_of(root):
+    """SIGKILL the processes running the simulated host's own programs (its
+    MPS control daemons, started by `mps up` or a --gpu-memory launch of any
+    user, outlive every launch): a host that is gone leaves none running.
+    A program is the host's when its argv[0], or the script its interpreter
+    runs (argv[1]), lies under root.  Others' processes need root; without
+    it they are left (EPERM)."""
+    import signal
+    import time
+    prefix = os.fsencode(root) + b"/"
+    ours = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read(65536).split(b"\0")[:2]
+        except OSError:
+            continue
+        if any(a.startswith(prefix) for a in argv):
+            try:
+                os.kill(int(d), signal.SIGKILL)
+                ours.append(int(d))
+            except OSError:
+                pass
+    deadline = time.monotonic() + 5
+    while ours and time.monotonic() < deadline:
+        ours = [p for p in ours if _alive(p)]
+        time.sleep(0.02)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
 
 
 def _marker_created(marker):

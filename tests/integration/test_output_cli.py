@@ -2,6 +2,7 @@
 `sim create` suggests runs as printed, and `mps up|down|status` answer in
 sentences (--json keeps the fields for tools)."""
 import json
+import os
 import re
 import shlex
 import shutil
@@ -37,9 +38,19 @@ def test_sim_create_suggests_a_sandbox_that_runs(runner, fresh_sim):
     assert r.stdout.startswith("GPU 0: ") and r.stdout.count("GPU ") == 1, r.stdout
 
 
-def test_mps_up_status_down_speak_in_sentences(runner, sim_host):
+@pytest.fixture
+def mps_host(runner, fresh_sim):
+    """This module's own simulated host (its GPUs' UUIDs, and so its daemons'
+    directories, are nobody else's: the session's host has other tests'
+    daemons come and go), and its daemon stopped whatever the test did."""
+    root, _ = fresh_sim
+    yield root
+    runner.run(["mps", "down", "--driver-root", root, "--gpus", "0"])
+
+
+def test_mps_up_status_down_speak_in_sentences(runner, mps_host):
     def mps(*args):
-        r = runner.run(["mps", *args, "--driver-root", sim_host.root, "--gpus", "0"])
+        r = runner.run(["mps", *args, "--driver-root", mps_host, "--gpus", "0"])
         assert r.returncode == 0, r.stderr
         assert not re.search(r"\w=(True|False|None)\b", r.stdout), r.stdout
         return r.stdout.splitlines()
@@ -57,3 +68,27 @@ def test_mps_up_status_down_speak_in_sentences(runner, sim_host):
     assert mps("status")[0] == "GPU 0: no MPS daemon of yours is running"
     rows = json.loads("\n".join(mps("down", "--json")))
     assert rows == [{"gpu": 0, "stopped": False, "pid": None, "restored_mode": None}]
+
+
+def test_sim_destroy_ends_the_hosts_daemons(runner, cli):
+    """A daemon `mps up` started from a simulated host is ended with the host:
+    a test that fails between up and down leaves nothing running."""
+    base = tempfile.mkdtemp(prefix="gsbx-test-sim-", dir="/tmp")
+    subprocess.run(["chmod", "755", base], check=True)
+    root = f"{base}/host"
+    try:
+        r = subprocess.run([cli, "sim", "create", root, "--gpus", "1"], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        r = runner.run(["mps", "up", "--driver-root", root, "--gpus", "0", "--json"])
+        assert r.returncode == 0, r.stderr
+        pid = json.loads(r.stdout)[0]["pid"]
+        assert pid and os.path.exists(f"/proc/{pid}")
+        r = subprocess.run([cli, "sim", "destroy", root], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert not os.path.exists(f"/proc/{pid}/cmdline") or \
+            open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        subprocess.run([cli, "sim", "destroy", root], capture_output=True, timeout=120)
+        shutil.rmtree(base, ignore_errors=True)
