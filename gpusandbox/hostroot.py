@@ -23,13 +23,6 @@ _HINT_WRITE = ("the host's root is read-only in the sandbox: /tmp, /run and the 
                "write with -v DIR:DIR (docs/workstation.md)")
 
 
-def is_host_root(rootfd):
-    """Whether the image directory the launcher holds is this host's `/`
-    (`/`, `//`, `/.`, or a symlink to it: the same inode)."""
-    st, top = os.fstat(rootfd), os.stat("/")
-    return (st.st_dev, st.st_ino) == (top.st_dev, top.st_ino)
-
-
 def check(plan, spec):
     """Refuse the root filesystem modes that cannot hold for the host's root."""
     if spec.rootfs_mode == "rw":

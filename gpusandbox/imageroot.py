@@ -151,6 +151,13 @@ def image_root(image, held=None):
     return display, imgfd, config
 
 
+def is_host_root(rootfd):
+    """Whether the image directory the launcher holds is this host's `/`
+    (`/`, `//`, `/.`, or a symlink to it: the same inode)."""
+    st, top = os.fstat(rootfd), os.stat("/")
+    return (st.st_dev, st.st_ino) == (top.st_dev, top.st_ino)
+
+
 def root_identity(rootfd, display):
     """What the init needs to find the held root again in its own mount
     namespace (mount calls refuse a mount of another namespace): the path

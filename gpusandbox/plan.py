@@ -7,10 +7,10 @@ import os
 import stat
 
 from . import environ as envmod
-from . import hostroot, netdefault
+from . import netdefault
 from .edits import ContainerEdits
 from .errors import SandboxError, UsageError
-from .imageroot import container_path, image_root, root_identity
+from .imageroot import container_path, image_root, is_host_root, root_identity
 from .linux import sys as k
 from .plandev import _cdi, _devices, _gpu
 from .spec import names_squashfs
@@ -289,7 +289,8 @@ def build(spec, host_env=None):
     if not squash:
         plan.rootfs, plan.rootfd, config = image_root(spec.image, spec.image_fd)
         plan.root_id = root_identity(plan.rootfd, plan.rootfs)
-        if hostroot.is_host_root(plan.rootfd):
+        if is_host_root(plan.rootfd):
+            from . import hostroot       # only for IMAGE `/`: off a plain launch's path
             hostroot.check(plan, spec)
     # The caller's --net (None: the plan's default), for an identity chosen again.
     asked_net = spec.net
@@ -344,6 +345,7 @@ def build(spec, host_env=None):
     plan.binds = _job_binds(host_env) + spec.binds
     _normalise_paths(plan)
     if plan.host_root:
+        from . import hostroot
         hostroot.finish(plan, spec, home, host_env)
     plan.points, plan.links = mount_points(plan)
     plan.dirs = sealed_dirs(plan)

@@ -11,7 +11,7 @@ from ..linux import mounts as m
 from ..linux import net
 from ..linux import sys as k
 from ..plan import OWN_FS, STD_DEVICES
-from . import command, hostroot, ocisetup, sysmounts
+from . import command, ocisetup, sysmounts
 from .channel import fail, pause_point
 
 _SIGCHLD = 17
@@ -297,6 +297,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
         step = "building the root filesystem"
         if plan.host_root:
             os.close(plan.rootfd)   # the launcher's handle; this namespace's / is cloned
+            from . import hostroot      # only for IMAGE `/`: off a plain launch's path
             rootfd = hostroot.root()
         else:
             rootfd = _rootfs(plan)
@@ -304,6 +305,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
         sysmounts.system_mounts(plan, rootfd, src)
         if plan.host_root:
             step = "hiding the homes and host sockets"
+            from . import hostroot
             hostroot.cover(plan, rootfd)
         pause_point(plan, "init-mounts")
         step = "injecting GPU devices and driver files"
