@@ -159,23 +159,34 @@ def trusted_dir(path, uid=None, own=True, links=False, make=None):
             os.close(fd)
 
 
-def read_owned(dir_fd, name, limit, uid=None):
+def read_owned(dir_fd, name, limit, uid=None, closed=False):
     """At most `limit` bytes of regular file `name` in the directory held by
-    `dir_fd`, which must be `uid`'s (default: the caller's).  Opened without
-    following a link and without blocking (a FIFO or a device planted under
-    that name must neither stall the caller nor lead it to another file),
-    checked on the opened inode.  Taken when it is not such a file; OSError
-    (ENOENT, ELOOP) as the kernel says."""
+    `dir_fd`, which must be `uid`'s (default: the caller's) and, when
+    `closed`, writable by no one else.  Opened without following a link and
+    without blocking (a FIFO or a device planted under that name must
+    neither stall the caller nor lead it to another file), checked on the
+    opened inode.  Taken when it is not such a file; OSError (ENOENT, ELOOP)
+    as the kernel says."""
     uid = os.geteuid() if uid is None else uid
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY,
                  dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise Taken(name, "not a regular file", True)
+            raise Taken(name, "not a regular file", False)
         if st.st_uid != uid:
-            raise Taken(name, f"owned by uid {st.st_uid}, not by uid {uid}", True)
-        return os.read(fd, limit)
+            whose = f"you (uid {uid})" if uid == os.geteuid() else f"uid {uid}"
+            raise Taken(name, f"owned by uid {st.st_uid}, not by {whose}", True)
+        if closed and st.st_mode & 0o022:
+            raise Taken(name, f"mode {st.st_mode & 0o7777:04o} lets others write to it", False)
+        chunks, left = [], limit
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 16))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 

@@ -20,7 +20,6 @@ The container's init is named by its pid and its start time (field 22 of
 /proc/PID/stat): a recycled pid never passes for the container.
 """
 import os
-import stat
 
 from ...errors import SandboxError
 from .. import fastjson as json
@@ -29,6 +28,7 @@ from .. import fastjson as json
 FILES = ("state.fast", "exec.fifo", "state.json")
 _ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_STATE = 16 << 20        # a config is at most 4 MiB; its state, hooks included, less
 HINT_OWN = ("use a state root of your own: --root DIR, or XDG_RUNTIME_DIR set to a directory "
             "of yours (mode 0700)")
 
@@ -152,34 +152,17 @@ def _read_state(dfd, d):
     regular file of the caller's that no one else can write, opened without
     following a link and without blocking (a fifo there is refused, not
     waited on)."""
+    from ... import rundir
     path = os.path.join(d, "state.json")
     try:
-        fd = os.open("state.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dfd)
+        return rundir.read_owned(dfd, "state.json", MAX_STATE, closed=True)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise SandboxError(f"state file {path}", e.strerror, f"remove {d}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SandboxError(f"state file {path}", "not a regular file", f"remove {d}")
-        if st.st_uid != os.geteuid():
-            raise SandboxError(f"state file {path}",
-                               f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})",
-                               HINT_OWN)
-        if st.st_mode & 0o022:
-            raise SandboxError(f"state file {path}",
-                               f"mode {st.st_mode & 0o7777:04o} lets others write to it",
-                               f"remove {d}")
-        chunks = []
-        while True:
-            b = os.read(fd, 1 << 16)
-            if not b:
-                return b"".join(chunks)
-            chunks.append(b)
-    finally:
-        os.close(fd)
+    except rundir.Taken as e:
+        raise SandboxError(f"state file {path}", e.why,
+                           HINT_OWN if e.foreign else f"remove {d}") from None
 
 
 def start_time(pid):
