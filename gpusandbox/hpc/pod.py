@@ -155,23 +155,12 @@ def plan_pod(plan, spec, env):
 # --- the runtime directory ---------------------------------------------------------
 
 
-def _owned_dir(path, create=True):
-    """path as a directory only the caller owns and can enter (0700)."""
-    if create:
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-    st = os.lstat(path)
-    import stat
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        # Another user's entry in /tmp cannot be removed by this one: the
-        # way out is a runtime directory of the caller's own.
-        hint = f"remove {path} and run again" if st.st_uid == os.geteuid() else \
-            "set XDG_RUNTIME_DIR to a directory of your own (mode 0700) and run again"
-        raise SandboxError(f"pod directory {path}", "not a directory of this user with mode "
-                           "0700", hint)
-    return path
+def _owned_dir(path):
+    """path (in the caller's "pods" part) as a directory only the caller owns
+    and can enter, by rundir's one rule (made, or an older mode repaired; one
+    of another user's, or open to others' writes, refused with a hint)."""
+    from .. import rundir
+    return rundir.subdir(os.path.dirname(path), os.path.basename(path))
 
 
 def runtime_dir(env):
