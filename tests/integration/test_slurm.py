@@ -223,11 +223,16 @@ def test_scancel_reaches_the_command_and_leaves_nothing(tb, rootfs, tmp_path):
         assert time.monotonic() < end, (tmp_path / "log").read_text()
         time.sleep(0.05)
     pids = tb.listpids(jobid)
+    def cmdline(pid):       # the loop's `sleep 0.1` children may be gone by the time we look
+        try:
+            return open(f"/proc/{pid}/cmdline", "rb").read()
+        except FileNotFoundError:
+            return b""
     def is_launcher(pid):   # the CLI runs as "<venv>/python3 <venv>/bin/gpusandbox run ..."
-        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        argv = cmdline(pid).split(b"\0")
         return not argv[0].endswith(b"srun") and any(a.endswith(b"/gpusandbox") for a in argv[:2])
     launchers = [p for p in pids if is_launcher(p)]
-    shells = [p for p in pids if open(f"/proc/{p}/cmdline", "rb").read().startswith(b"sh\0-c")]
+    shells = [p for p in pids if cmdline(p).startswith(b"sh\0-c")]
     assert launchers and shells, f"Slurm does not track the sandbox: {pids}"
     # Slurm's accounting and limits apply: the command is in the step's v1 cgroups,
     # and its v2 leaf nests under the launcher's cgroup.
