@@ -23,11 +23,13 @@ import struct
 from gpusandbox.errors import GpuError
 from gpusandbox.linux import sys as lsys
 
+from .discover import effective_caps
+from .require import gpu_brand, is_datacenter
+
 COMPAT_DIR = "/usr/local/cuda/compat"
 NOTE_SECTION = b".note.cuda.fwd_compatibility"
 NOTE_OWNER = b"NVIDIA Corporation"
 MODES = ("auto", "off", "force")
-DATACENTER_BRANDS = ("tesla", "nvidia")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 # Bounds on what is read of the image: section headers, the section-name
 # table and the note (a real note is ~200 bytes; a real libcuda has ~40
@@ -76,10 +78,6 @@ class Decision:
 
 def _vtuple(text):
     return tuple(int(p) for p in text.split("."))
-
-
-def is_datacenter(brand):
-    return None if not brand else brand.lower() in DATACENTER_BRANDS
 
 
 def _list(rootfd):
@@ -269,8 +267,6 @@ def prefer(entries, decision, make_entry):
 def for_launch(mode, image_root, host, sel, notes):
     """The Decision for a launch that injects libcuda (None otherwise), its
     reason added to the --verbose notes."""
-    from .inject import effective_caps
-    from .require import gpu_brand
     if "compute" not in effective_caps(sel.caps):
         return None
     brands = [getattr(g, "brand", None) or gpu_brand(getattr(g, "model", None))

@@ -81,6 +81,15 @@ NVIDIA_MAJOR = 195
 CTL_MINOR, MODESET_MINOR = 255, 254
 
 
+def effective_caps(caps):
+    """The driver capabilities `caps` stand for: themselves and those they
+    imply (IMPLIES: video needs compute, display needs graphics)."""
+    out = set(caps)
+    for c in caps:
+        out.update(IMPLIES.get(c, ()))
+    return out
+
+
 class DevNode:
     __slots__ = ("path", "host_path", "major", "minor", "problem", "missing")
 

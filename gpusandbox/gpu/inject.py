@@ -12,7 +12,7 @@ import os
 from gpusandbox.edits import ContainerEdits, DeviceNode, File, Mount, Symlink, Tmpfs
 from gpusandbox.errors import GpuError
 from gpusandbox.gpu import ldcache
-from gpusandbox.gpu.discover import CAP_BINS, CAP_LIBS, IMPLIES
+from gpusandbox.gpu.discover import CAP_BINS, CAP_LIBS, effective_caps
 from gpusandbox.linux.sys import kind_in_root, read_file, read_in_root
 
 RO = ("ro", "nosuid", "nodev")
@@ -143,13 +143,6 @@ def warning(inj):
     what = "; ".join(f"{', '.join(p)} ({c})" for c, p in by_cap.items())
     return (f"warning: the GPU driver lacks {what}: injecting the rest "
             "('gpusandbox doctor' shows the fixes)")
-
-
-def effective_caps(caps):
-    out = set(caps)
-    for c in caps:
-        out.update(IMPLIES.get(c, ()))
-    return out
 
 
 def _node(node, why, hint):

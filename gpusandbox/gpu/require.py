@@ -68,6 +68,8 @@ _ARCH_BY_SERIES = {"9": "5.2", "10": "6.1", "16": "7.5", "20": "7.5",
                    "30": "8.6", "40": "8.9", "50": "12.0"}
 _ARCH_WORKSTATION = {"RTX 4000": "7.5", "RTX 5000": "7.5", "RTX 6000": "7.5",
                      "RTX 8000": "7.5", "TITAN RTX": "7.5", "TITAN XP": "6.1"}
+# The brands (gpu_brand, lower case) of data-center GPUs.
+DATACENTER_BRANDS = ("tesla", "nvidia")
 
 # A fact that satisfies every constraint on it: arch and brand when no GPU
 # is selected (nothing in the sandbox can disagree with them).
@@ -264,6 +266,12 @@ def gpu_brand(model):
     return None
 
 
+def is_datacenter(brand):
+    """Whether a brand (gpu_brand) is a data-center GPU's, the only kind CUDA
+    forward compatibility supports (compat.py); None when it is unknown."""
+    return None if not brand else brand.lower() in DATACENTER_BRANDS
+
+
 def host_facts(host, gpus=None, ceiling=None):
     """Facts per GPU: a list of dicts (one per GPU, or one with no GPU facts
     when none is selected, in which case arch/brand constraints hold: there is
@@ -380,7 +388,6 @@ def _only_via_compat(alts, facts):
 
 
 def _datacenter(facts):
-    from .compat import is_datacenter
     return is_datacenter(facts.get("brand")) if facts.get("gpu") is not None else None
 
 

@@ -12,6 +12,7 @@ import os
 from ..linux import host
 from ..linux import mounts as m
 from ..linux import sys as k
+from .podwire import ns_types, recv_fds
 
 _BO = __import__("sys").byteorder
 PROBE_TIMEOUT_MS = 30000     # no rank ever connected (its launcher died first)
@@ -89,8 +90,7 @@ def _main(pod, lfd, dirfd, real_root):
         # Its full capability set already fails the ptrace check of a rank's
         # command; not being dumpable makes that hold whatever caps a rank has.
         k.prctl(4, 0)  # PR_SET_DUMPABLE
-        from .pod import NS_ORDER
-        want = [t for t in NS_ORDER if t != "user" or pod.idmap]
+        want = ns_types(pod.idmap)
         ns = [fd for _, fd in host.open_ns("self", want, skip_own=False)]
         k.mount(None, "/", None, k.MS_REC | k.MS_SLAVE)
         shm = m.new_fs("tmpfs", (f"size={pod.shm_size}", "mode=1777"),
@@ -114,7 +114,6 @@ def _loop(lsock, ns, pod, dirfd, procfd, error):
     import _signal
     import _socket
     import select
-    from .pod import _recv_fds
     hello = b"P" + repr(pod.idmap).encode()
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     _signal.set_wakeup_fd(wake_w)
@@ -169,7 +168,7 @@ def _loop(lsock, ns, pod, dirfd, procfd, error):
                 sweep = True
             elif fd in conns:
                 try:
-                    msg, fds = _recv_fds(conns[fd], 16, 4)
+                    msg, fds = recv_fds(conns[fd], 16, 4)
                 except OSError:
                     msg, fds = b"", []
                 for pfd in fds:

@@ -31,12 +31,10 @@ import os
 from ..errors import SandboxError, UsageError
 from ..linux import host
 from ..linux import sys as k
+from .podwire import ns_types, recv_fds
 
 SHARED = frozenset(("user", "pid", "ipc", "shm"))
 DEFAULT_SHM = 1 << 30
-# The pod's namespaces, in the order the keeper sends their descriptors
-# (host.join_ns joins them in its own order).
-NS_ORDER = ("user", "pid", "ipc", "mount")
 PR_SET_CHILD_SUBREAPER = 36
 # What a rank's init makes its own after joining the pod (Member.clone).
 _OWN_NS = k.CLONE_NEWNS | k.CLONE_NEWNET | k.CLONE_NEWCGROUP | k.CLONE_NEWUTS
@@ -344,19 +342,6 @@ def _hello_alive(path):
         s.close()
 
 
-def _recv_fds(conn, size, maxfds):
-    """socket.recv_fds without importing socket.py (and enum) on the launch path."""
-    import _socket
-    msg, anc, _, _ = conn.recvmsg(size, _socket.CMSG_SPACE(4 * maxfds))
-    fds = []
-    for level, kind, data in anc:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            end = len(data) - len(data) % 4
-            fds += [int.from_bytes(data[i:i + 4], "little" if _LE else "big", signed=True)
-                    for i in range(0, end, 4)]
-    return msg, fds
-
-
 def _hello(path, pod):
     """(connection, namespace fds) from the pod's keeper, or None when there
     is no live keeper.  The keeper's answer: b"P" + its id map, with the
@@ -365,7 +350,7 @@ def _hello(path, pod):
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         conn.connect(path)
-        msg, fds = _recv_fds(conn, 4096, 8)
+        msg, fds = recv_fds(conn, 4096, 8)
     except OSError:
         conn.close()
         return None
@@ -378,7 +363,7 @@ def _hello(path, pod):
         conn.close()
         raise SandboxError(f"setting up the pod in {pod.dir}", msg[1:].decode("utf-8", "replace"),
                            _HINT)
-    want = [t for t in NS_ORDER if t != "user" or pod.idmap]
+    want = ns_types(pod.idmap)
     if msg[1:].decode() != repr(pod.idmap) or len(fds) != len(want):
         conn.close()
         for fd in fds:

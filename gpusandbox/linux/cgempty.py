@@ -15,7 +15,7 @@ import errno
 import os
 import time
 
-from .cgfs import _mounts, _populated, _v1_mounts, _words, _write
+from .cgfs import _mounts, _populated, _rmtree, _v1_mounts, _words, _write
 
 THAW_AFTER = 0.05    # seconds after the kill before frozen members are looked for
 AGAIN = 1.0          # seconds between rounds of kill and thaw while members remain
@@ -62,6 +62,24 @@ def empty(path, version, wait):
     finally:
         if events is not None:
             os.close(events)
+
+
+def remove(path, version, wait):
+    """The reaper's whole job on a leaf its launcher left (reaper.py): empty
+    it (empty() above, up to `wait` seconds) and remove it with the cgroups
+    below it; the kernel then frees a BPF program attached to it.  True when
+    the leaf is gone (or was already); False when it still holds a process or
+    cannot be removed (the next launch's stale cleanup takes it then).  Never
+    raises OSError."""
+    try:
+        if not os.path.isdir(path):
+            return True
+        if not empty(path, version, wait):
+            return False
+        _rmtree(path)
+    except OSError:
+        return False
+    return True
 
 
 def _open_events(path):

@@ -3,8 +3,9 @@
 - its uid outside any user namespace it runs in, whether it is real root
   (the initial user namespace's uid 0), which owners stand for root here,
   whether its user namespace denies setgroups(2);
-- the one table of namespace types (OCI name, /proc/PID/ns name, clone
-  flag) and the one way to join namespaces (open_ns, join_ns).
+- the one way to join namespaces (open_ns, join_ns), by the one table of
+  namespace types (OCI name, /proc/PID/ns name, clone flag), which lives in
+  linux/__init__.py and is named here too.
 
 Rootless podman and docker run hooks and runtimes as uid 0 of a user
 namespace: the euid says root, the host says the user.  Every part that
@@ -19,27 +20,11 @@ Light on purpose: the OCI fast paths import this before anything else
 """
 import os
 
-INITIAL_UID_MAP = [["0", "0", "4294967295"]]
+# The one table of namespace types is the package's (linux/__init__.py),
+# below both this module and sys.py; its names are this module's API too.
+from . import NAMESPACES, NS_FLAGS, NS_PROC, NS_RANK
 
-# Every namespace type: (OCI linux.namespaces type, name under /proc/PID/ns,
-# CLONE_NEW* flag), in the order they are joined: the user namespace first
-# (it grants the capabilities the other joins need), pid after ipc, uts and
-# net (it only applies to children), the mount namespace last (it changes
-# root and cwd).
-NAMESPACES = (
-    ("user", "user", 0x10000000),
-    ("ipc", "ipc", 0x08000000),
-    ("uts", "uts", 0x04000000),
-    ("network", "net", 0x40000000),
-    ("pid", "pid", 0x20000000),
-    ("cgroup", "cgroup", 0x02000000),
-    ("mount", "mnt", 0x00020000),
-)
-NS_FLAGS = {t: flag for t, _, flag in NAMESPACES}
-NS_PROC = {t: name for t, name, _ in NAMESPACES}
-_NS_RANK = {t: i for i, (t, _, _) in enumerate(NAMESPACES)}
-CLONE_NEWUSER, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWCGROUP, \
-    CLONE_NEWNS = (flag for _, _, flag in NAMESPACES)
+INITIAL_UID_MAP = [["0", "0", "4294967295"]]
 
 
 # --- ids ------------------------------------------------------------------------
@@ -163,7 +148,7 @@ def join_ns(fds):
     whatever the list's; the descriptors stay open (the caller's).
     NamespaceError names the one that failed."""
     from . import sys as k
-    for t, fd in sorted(fds, key=lambda x: _NS_RANK[x[0]]):
+    for t, fd in sorted(fds, key=lambda x: NS_RANK[x[0]]):
         try:
             k.syscall("setns", fd, NS_FLAGS[t])
         except OSError as e:

@@ -34,6 +34,8 @@ before its work), and is forked only when a leaf is made.
 """
 import os
 
+from . import cgempty
+
 NAME = "gpusandbox-reap"     # /proc/PID/comm (15 bytes at most)
 DONE = b"D"
 WAIT = 600.0     # seconds the leaf's last members may take to leave after the kill
@@ -102,8 +104,4 @@ def _run(r, leaf, version):
             continue
     if said == DONE:
         return
-    from gpusandbox.linux.cgroup import CgroupHandle
-    h = CgroupHandle()
-    h.path, h.version = leaf, version
-    if os.path.isdir(leaf):
-        h.teardown(wait=WAIT)
+    cgempty.remove(leaf, version, WAIT)

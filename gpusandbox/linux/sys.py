@@ -8,8 +8,8 @@ wrappers that need them.
 import ctypes
 import os
 
-from .host import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,  # noqa: F401
-                   CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
+from . import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,  # noqa: F401
+               CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -94,7 +94,7 @@ def pivot_root(new_root, put_old):
 
 
 # --- namespaces --------------------------------------------------------------
-# CLONE_NEW*: imported above from host.NAMESPACES, the one table of them.
+# CLONE_NEW*: imported above from the package's NAMESPACES, the one table of them.
 CLONE_INTO_CGROUP = 0x200000000
 CLONE_PIDFD = 0x00001000
 CLONE_PARENT = 0x00008000
