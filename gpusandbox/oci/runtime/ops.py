@@ -132,7 +132,12 @@ def kill(root, cid, sig, all_=False):
                 except OSError:
                     pass
         else:
-            k.syscall("pidfd_send_signal", pfd, signo, None, 0)
+            try:
+                k.syscall("pidfd_send_signal", pfd, signo, None, 0)
+            except OSError as e:
+                # The init of a state of the caller's, not the caller's to
+                # signal (its pid recorded by root): one line, as runc.
+                raise SandboxError(f"kill {cid}", e.strerror) from None
     finally:
         os.close(pfd)
     return 0
@@ -163,7 +168,11 @@ def delete(root, cid, force, log):
             if not force:
                 raise SandboxError(f"cannot delete container {cid} that is not stopped: "
                                    f"{state.status(st)}", None, "use delete --force")
-            k.syscall("pidfd_send_signal", pfd, 9, None, 0)
+            try:
+                k.syscall("pidfd_send_signal", pfd, 9, None, 0)
+            except OSError as e:
+                raise SandboxError(f"delete --force {cid}: killing its init",
+                                   e.strerror) from None
             select.select([pfd], [], [], 10)
         finally:
             os.close(pfd)
