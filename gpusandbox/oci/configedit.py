@@ -36,6 +36,13 @@ SELECT_VARS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
 # The toolkit's legacy prestart hook (nvidia-container-runtime adds it): it
 # would inject a second time, with the toolkit's own guards.
 LEGACY_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit")
+# The annotations whose values name CDI devices (cdi_requests).
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+# What the text of a config.json that `edit` acts on holds at least one of:
+# the variable that asks for GPUs, the CDI annotations' prefix and the
+# legacy hooks.  bin/gpusandbox-runtime greps for exactly these words
+# (tests/unit/test_sh_tables.py holds the two together).
+REQUEST_WORDS = ("NVIDIA_VISIBLE_DEVICES", CDI_ANNOTATION_PREFIX) + LEGACY_HOOKS
 MAX_CONFIG = 16 << 20
 _RO = ["bind", "ro", "nosuid", "nodev"]
 
@@ -75,7 +82,7 @@ def cdi_requests(cfg):
     names = []
     ann = cfg.get("annotations")
     for k, v in (ann.items() if isinstance(ann, dict) else ()):
-        if isinstance(k, str) and k.startswith("cdi.k8s.io/") and isinstance(v, str):
+        if isinstance(k, str) and k.startswith(CDI_ANNOTATION_PREFIX) and isinstance(v, str):
             names += [n.strip() for n in v.split(",") if n.strip()]
     vis = container_env(cfg).get("NVIDIA_VISIBLE_DEVICES") or ""
     names += [i.strip() for i in vis.split(",") if _is_cdi_name(i.strip())]

@@ -18,21 +18,29 @@ SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "ILL": 4, "TRAP": 5, "ABRT": 6, "IOT":
            "PROF": 27, "WINCH": 28, "IO": 29, "POLL": 29, "PWR": 30, "SYS": 31}
 
 
+# The real-time signals by kill(1)'s names: RTMIN, RTMIN+N, RTMAX-N, RTMAX
+# (glibc's SIGRTMIN is 34: two are its own; the kernel's SIGRTMAX is 64).
+RTMIN, RTMAX = 34, 64
+
+
 def parse_signal(text):
+    """The number of signal `text`: 1..64, a name of SIGNALS or a real-time
+    name, with or without SIG, any case (runc's rules, and kill(1)'s
+    real-time names); SandboxError for anything else.  bin/gpusandbox-oci
+    maps numbers and SIGNALS' upper-case names the same way
+    (tests/unit/test_sh_tables.py)."""
     t = (text or "TERM").upper()
-    if t.isdigit() and 0 < int(t) < 65:
+    if t.isascii() and t.isdigit() and 0 < int(t) <= RTMAX:
         return int(t)
     t = t[3:] if t.startswith("SIG") else t
     if t in SIGNALS:
         return SIGNALS[t]
-    if t.startswith("RTMIN") or t.startswith("RTMAX"):
-        base, _, off = t[5:].partition("+") if "+" in t else (t[5:], "", t[6:] if "-" in t else "0")
-        try:
-            n = int(off or 0)
-        except ValueError:
-            n = -1
-        if n >= 0:
-            return 34 + n if t.startswith("RTMIN") else 64 - n
+    for base, sign, at in (("RTMIN", "+", RTMIN), ("RTMAX", "-", RTMAX)):
+        if t == base:
+            return at
+        off = t[len(base) + 1:] if t.startswith(base + sign) else ""
+        if off.isascii() and off.isdigit() and int(off) <= RTMAX - RTMIN:
+            return at + int(off) if sign == "+" else at - int(off)
     raise SandboxError(f"unknown signal {text!r}")
 
 
@@ -124,7 +132,12 @@ def kill(root, cid, sig, all_=False):
                 except OSError:
                     pass
         else:
-            k.syscall("pidfd_send_signal", pfd, signo, None, 0)
+            try:
+                k.syscall("pidfd_send_signal", pfd, signo, None, 0)
+            except OSError as e:
+                # The init of a state of the caller's, not the caller's to
+                # signal (its pid recorded by root): one line, as runc.
+                raise SandboxError(f"kill {cid}", e.strerror) from None
     finally:
         os.close(pfd)
     return 0
@@ -155,7 +168,11 @@ def delete(root, cid, force, log):
             if not force:
                 raise SandboxError(f"cannot delete container {cid} that is not stopped: "
                                    f"{state.status(st)}", None, "use delete --force")
-            k.syscall("pidfd_send_signal", pfd, 9, None, 0)
+            try:
+                k.syscall("pidfd_send_signal", pfd, 9, None, 0)
+            except OSError as e:
+                raise SandboxError(f"delete --force {cid}: killing its init",
+                                   e.strerror) from None
             select.select([pfd], [], [], 10)
         finally:
             os.close(pfd)

@@ -26,7 +26,14 @@ from .. import fastjson as json
 
 # Removed first on delete: the shell entry answers from it, else falls back.
 FILES = ("state.fast", "exec.fifo", "state.json")
-_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-")
+# A container id: a letter or digit, then these, at most ID_MAX of them
+# (check_id; bin/gpusandbox-oci repeats the rule, tests/unit/test_sh_tables.py
+# holds the two together, as it does FILES and FAST_MAGIC).
+ID_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+ID_CHARS = ID_FIRST | frozenset("_.+-")
+ID_MAX = 1024
+# state.fast's first line (_fast): another layout gets another number.
+FAST_MAGIC = "gsbx-state-fast 1"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_STATE = 16 << 20        # a config is at most 4 MiB; its state, hooks included, less
 HINT_OWN = ("use a state root of your own: --root DIR, or XDG_RUNTIME_DIR set to a directory "
@@ -103,8 +110,7 @@ def _no_home(environ):
 
 
 def check_id(cid):
-    if not cid or len(cid) > 1024 or not cid[0].isascii() or not cid[0].isalnum() \
-            or not set(cid) <= _ID_CHARS:
+    if not cid or len(cid) > ID_MAX or cid[0] not in ID_FIRST or not set(cid) <= ID_CHARS:
         raise SandboxError(f"invalid container id {cid!r}", None,
                            "ids are letters, digits and _ . + - (not starting with one of those)")
     return cid
@@ -263,7 +269,7 @@ def _fast(st):
     hooks = st.get("hooks") or {}
     plain = not hooks.get("poststart") and not hooks.get("poststop") \
         and (not leaf or st.get("cgroup_version") == 2)
-    return (f"gsbx-state-fast 1\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n"
+    return (f"{FAST_MAGIC}\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n"
             f"{'plain' if plain else 'python'}\n")
 
 
