@@ -66,19 +66,21 @@ def main_pull(argv):
         sqshout.check_target(a.output)
     from .progress import Progress
     prog = Progress("none" if a.quiet else a.progress)
-    from .runimage import stores
+    from .pull import pull
     from .sources import names_for, open_source
+    from .store import writable
+    from .storeread import stores
     ref = refmod.parse(a.ref)
     if ref.transport == "store":
         # `pull ubuntu:22.04` means the registry, as docker pull does.
         ref = refmod.ImageRef("docker", ref.host, ref.repo, ref.tag, ref.digest)
     platform = mf.parse_platform(a.platform) if a.platform else None
-    st = stores(a.store).writable()
+    st = writable(stores(a.store))
     src = open_source(ref, {"authfile": a.authfile, "tls_verify": a.tls_verify == "true",
                             "platform": platform})
     try:
-        rec = st.pull(src, names_for(ref), platform=platform, asked=platform is not None,
-                      progress=prog)
+        rec = pull(st, src, names_for(ref), platform=platform, asked=platform is not None,
+                   progress=prog)
     finally:
         src.close()
     prog.finish()
@@ -101,7 +103,7 @@ def images_parser():
 @_oserrors
 def main_images(argv):
     a = images_parser().parse_args(argv)
-    from .runimage import stores
+    from .storeread import stores
     from .show import image_rows, images_text
     rows = [r for st in stores(a.store) if st is not None for r in image_rows(st)]
     if a.json:
@@ -121,8 +123,10 @@ def rmi_parser():
 @_oserrors
 def main_rmi(argv):
     a = rmi_parser().parse_args(argv)
-    from .runimage import stores
-    st = stores(a.store).writable()
+    from .store import writable
+    from .storegc import rmi
+    from .storeread import stores
+    st = writable(stores(a.store))
     items = []
     for r in a.refs:
         if r.startswith("sha256:") or (len(r) >= 12 and all(c in "0123456789abcdef"
@@ -130,7 +134,7 @@ def main_rmi(argv):
             items.append(r)
         else:
             items.append(refmod.parse(r).canonical())
-    for what, d in st.rmi(items):
+    for what, d in rmi(st, items):
         sys.stdout.write(f"untagged {what}\n" if what != d else f"deleted {d}\n")
     return 0
 
@@ -143,9 +147,11 @@ def prune_parser():
 @_oserrors
 def main_prune(argv):
     a = prune_parser().parse_args(argv)
-    from .runimage import stores
     from .sizes import human
-    n_img, n_blob, freed = stores(a.store).writable().prune()
+    from .store import writable
+    from .storegc import prune
+    from .storeread import stores
+    n_img, n_blob, freed = prune(writable(stores(a.store)))
     sys.stdout.write(f"removed {n_img} images, {n_blob} blobs, {human(freed)} freed\n")
     return 0
 
@@ -163,7 +169,7 @@ def inspect_parser():
 @_oserrors
 def main_inspect(argv):
     a = inspect_parser().parse_args(argv)
-    from .runimage import find, stores
+    from .storeread import find, stores
     from .show import inspect_doc, inspect_text
     all_stores = stores(a.store)
     docs = []

@@ -38,8 +38,7 @@ import threading
 
 from . import SEAL, digest as digestmod, dump_seal, load_seal
 from .digest import ImageError
-from .store import _DIR
-from .storegc import rmtree_at, unpublish
+from .store import _DIR, rmtree_at
 from ..linux import sys as k
 
 _RES = k.RESOLVE_BENEATH | k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS
@@ -145,7 +144,7 @@ def _unpack_one(st, desc, diff_id, tmp, warn):
             if st.shared:
                 # An unsealed layer of an older gpusandbox: its inodes stay
                 # with the images that link them, refused until rebuilt.
-                unpublish(st, path)
+                st.unpublish(path)
             os.rename(tmp, path, src_dir_fd=st.fd, dst_dir_fd=st.fd)
             st._unpacked.append(diff_id)   # list.append: safe across threads
         except BaseException:

@@ -1,4 +1,4 @@
-"""Store.pull: fetch an image's blobs and unpack it into the store.
+"""pull(store, source): fetch an image's blobs and unpack it into the store.
 
 The manifest is checked against its digest, the config against the
 platform, every layer's diff_id against the config; an image is built in a
@@ -14,8 +14,7 @@ from . import digest as digestmod
 from . import manifest as mf
 from . import runrec
 from .digest import ImageError
-from .store import _DIR, bundle_config
-from .storegc import rmtree_at
+from .store import _DIR, bundle_config, rmtree_at
 
 
 def pull(st, source, names=None, platform=None, asked=False, progress=None):

@@ -1,69 +1,16 @@
-"""Removal from the store: rmi, prune, a failed pull's blobs, and a
-directory tree removed without following symlinks (images may hold
-read-only directories)."""
-import errno
+"""Removal from the store: rmi and prune (the store's own primitives,
+Store.unpublish and rmtree_at, are in store.py; layer directories no image
+lists are layers.remove_unneeded's)."""
 import fcntl
 import os
 
 from .digest import ImageError
+from .layers import remove_unneeded
 from .store import _DIR
 
 
-def rmtree_at(dirfd, name):
-    """Remove `name` under `dirfd` and everything below it, never following
-    a symlink; directories an image made read-only are chmod'ed first."""
-    stack = []
-    try:
-        os.unlink(name, dir_fd=dirfd)
-        return
-    except FileNotFoundError:
-        return
-    except (IsADirectoryError, PermissionError):
-        pass
-    except OSError as e:
-        if e.errno != errno.EISDIR:
-            raise
-    fd = os.open(name, _DIR, dir_fd=dirfd)
-    stack.append((dirfd, name, fd))
-    while stack:
-        pfd, pname, fd = stack[-1]
-        try:
-            os.fchmod(fd, 0o700)
-        except OSError:
-            pass
-        descended = False
-        for entry in os.listdir(fd):
-            try:
-                os.unlink(entry, dir_fd=fd)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno not in (errno.EISDIR, errno.EPERM):
-                    raise
-                stack.append((fd, entry, os.open(entry, _DIR, dir_fd=fd)))
-                descended = True
-                break
-        if descended:
-            continue
-        stack.pop()
-        os.close(fd)
-        os.rmdir(pname, dir_fd=pfd)
-
-
-def unpublish(st, rel):
-    """Rename a published directory (images/<hex>, layers/<id>) into tmp/,
-    where no reader looks, then delete it; False when there was none."""
-    tmp = st._staging_name("rm")
-    try:
-        os.rename(rel, tmp, src_dir_fd=st.fd, dst_dir_fd=st.fd)
-    except FileNotFoundError:
-        return False
-    rmtree_at(st.fd, tmp)
-    return True
-
-
 def remove_image(st, dig):
-    return unpublish(st, st.image_dir(dig))
+    return st.unpublish(st.image_dir(dig))
 
 
 def rmi(st, names_or_digests):
@@ -99,7 +46,6 @@ def rmi(st, names_or_digests):
         if held:
             # Layers only the removed images listed go with them; a layer
             # another image lists stays.
-            from .layers import remove_unneeded
             remove_unneeded(st)
         return [(n or d, d) for n, d in plan]
     finally:
@@ -132,7 +78,6 @@ def prune(st):
             keep.add(d)
             keep.add(rec.get("config"))
             keep.update(rec.get("layers") or [])
-        from .layers import remove_unneeded
         remove_unneeded(st)
         n_blob, freed = 0, 0
         for alg in ("sha256", "sha512"):

@@ -8,6 +8,7 @@ import pytest
 
 from gpusandbox.image import archive, store as storemod
 from gpusandbox.image.cli import main_images, main_inspect
+from gpusandbox.image.pull import pull
 from gpusandbox.image.sizes import human
 from tests.unit import image_fixtures as fx
 
@@ -29,7 +30,7 @@ def store(tmp_path):
         WorkingDir="/srv", ExposedPorts={"80/tcp": {}})
     lay = fx.write_layout(str(tmp_path / "lay"), [("v1", man, blobs)])
     st = storemod.Store(str(tmp_path / "s"))
-    st.pull(archive.OciLayoutSource(lay, "v1"), ["docker.io/library/demo:1"])
+    pull(st, archive.OciLayoutSource(lay, "v1"), ["docker.io/library/demo:1"])
     return st, fx.sha(man), sum(d["size"] for d in json.loads(man)["layers"])
 
 
