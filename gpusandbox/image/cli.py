@@ -52,6 +52,9 @@ def pull_parser():
     p.add_argument("--progress", default="auto", choices=("auto", "tty", "plain", "json", "none"),
                    help="auto: a status line on a terminal, else plain lines (default auto)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the digest")
+    p.add_argument("--keep-blobs", action="store_true",
+                   help="keep the image's compressed layers in the store (by default each "
+                        "is removed once unpacked; rmi removes them with the image)")
     p.add_argument("-o", "--output", metavar="FILE.sqsh",
                    help="also write the image's root filesystem as one squashfs file "
                         "(for `gpusandbox run FILE.sqsh`; mksquashfs from squashfs-tools)")
@@ -80,7 +83,7 @@ def main_pull(argv):
                             "platform": platform})
     try:
         rec = pull(st, src, names_for(ref), platform=platform, asked=platform is not None,
-                   progress=prog)
+                   progress=prog, keep_blobs=a.keep_blobs)
     finally:
         src.close()
     prog.finish()
@@ -94,9 +97,14 @@ def main_pull(argv):
 
 def images_parser():
     p = _parser("images", "List the images in the store (then the site store): SIZE is "
-                "the unpacked image's, COMPRESSED its layers' as pulled.")
+                "the unpacked image's files, SHARED the disk its layers use that other images "
+                "share, UNIQUE the disk only it uses (what rmi of it frees).")
     p.add_argument("--json", action="store_true", help="raw numbers for tools: size (the "
-                   "compressed layers' bytes), unpacked_size, last_used (epoch seconds)")
+                   "compressed layers' bytes), unpacked_size, shared_size, unique_size, "
+                   "last_used (epoch seconds)")
+    p.add_argument("--df", action="store_true", help="the store's disk use per kind (images, "
+                   "unused layers and blobs, staging) and what prune reclaims, as docker "
+                   "system df")
     return p
 
 
@@ -104,7 +112,11 @@ def images_parser():
 def main_images(argv):
     a = images_parser().parse_args(argv)
     from .storeread import stores
-    from .show import image_rows, images_text
+    from .show import df_doc, df_text, image_rows, images_text
+    if a.df:
+        docs = [df_doc(st) for st in stores(a.store) if st is not None]
+        sys.stdout.write(json.dumps(docs, indent=1) + "\n" if a.json else df_text(docs))
+        return 0
     rows = [r for st in stores(a.store) if st is not None for r in image_rows(st)]
     if a.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
@@ -114,7 +126,8 @@ def main_images(argv):
 
 
 def rmi_parser():
-    p = _parser("rmi", "Remove images by reference or manifest digest.")
+    p = _parser("rmi", "Remove images by reference or manifest digest; an image no name "
+                "holds then is deleted with the layers and blobs no other image lists.")
     p.add_argument("refs", nargs="+", metavar="REF|DIGEST",
                    help="image names, or manifest digests (a prefix of 12 or more hex digits)")
     return p

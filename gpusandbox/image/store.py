@@ -29,10 +29,16 @@ rmi and prune (storegc.py), which call it; it imports none of them."""
 import errno
 import fcntl
 import os
+import stat
 
 from . import digest as digestmod
 from .digest import ImageError
 from .storeread import _DIR, MAX_REF_FILE, StoreReader, default_root, escape  # noqa: F401
+
+# images/<hex>/keep-blobs: the image was pulled with --keep-blobs, so its
+# compressed layers stay in blobs/ (pull.py); without it they are removed
+# once the image is built.
+KEEP = "keep-blobs"
 
 SUBDIRS = ("blobs", "blobs/sha256", "blobs/sha512", "images", "layers", "refs", "tmp",
            "locks")
@@ -141,6 +147,15 @@ def rmtree_at(dirfd, name):
         stack.pop()
         os.close(fd)
         os.rmdir(pname, dir_fd=pfd)
+
+
+def keeps_blobs(st, dig):
+    """Whether image `dig` of store `st` (a reader too) keeps its compressed layers."""
+    try:
+        return stat.S_ISREG(os.stat(st.image_dir(dig) + "/" + KEEP, dir_fd=st.fd,
+                                    follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def writable(all_stores):
@@ -319,6 +334,9 @@ class Store(StoreReader):
         self.ensure_blob(_Bytes(), {"digest": dig, "size": len(raw)})
 
     # -- images -----------------------------------------------------------
+
+    def keeps_blobs(self, dig):
+        return keeps_blobs(self, dig)
 
     def try_exclusive(self, dig):
         """The image's `used` file locked exclusively, or None when a sandbox

@@ -13,6 +13,38 @@ def remove_image(st, dig):
     return st.unpublish(st.image_dir(dig))
 
 
+def needed_blobs(st):
+    """The blobs the store's images need: each one's manifest and config,
+    and the compressed layers of those pulled with --keep-blobs (an image
+    needs no layer blob once built: its files are the layers' inodes)."""
+    from .store import keeps_blobs
+    out = set()
+    for d in st.image_digests():
+        rec = st.image_record(d) or {}
+        out.update((d, rec.get("config")))
+        if keeps_blobs(st, d):
+            out.update(rec.get("layers") or ())
+    return out
+
+
+def _remove_blobs(st, digests):
+    """Unlink the blobs `digests` that are there; returns (count, bytes)."""
+    n, freed = 0, 0
+    for dig in digests:
+        alg, _, name = dig.partition(":")
+        if alg not in ("sha256", "sha512") or not name or "/" in name or name in (".", ".."):
+            continue
+        rel = f"blobs/{alg}/{name}"
+        try:
+            bst = os.stat(rel, dir_fd=st.fd, follow_symlinks=False)
+            os.unlink(rel, dir_fd=st.fd)
+        except OSError:
+            continue
+        n += 1
+        freed += bst.st_blocks * 512
+    return n, freed
+
+
 def rmi(st, names_or_digests):
     """Remove refs (by name or manifest digest) and the images no ref
     names any more; all or nothing: an unknown item, or an image a running
@@ -41,12 +73,17 @@ def rmi(st, names_or_digests):
             held.append((d, fd))
         for n in going:
             st.remove_ref(n)
+        gone = set()
         for d, _ in held:
+            rec = st.image_record(d) or {}
+            gone.update([d, rec.get("config")] + list(rec.get("layers") or ()))
             remove_image(st, d)
         if held:
-            # Layers only the removed images listed go with them; a layer
-            # another image lists stays.
+            # Layers and blobs only the removed images listed go with them
+            # (no pull runs: gc is held exclusively); what another image
+            # lists stays.
             remove_unneeded(st)
+            _remove_blobs(st, sorted(x for x in gone - needed_blobs(st) if x))
         return [(n or d, d) for n, d in plan]
     finally:
         for _, fd in held:
@@ -57,44 +94,31 @@ def rmi(st, names_or_digests):
 
 
 def prune(st):
-    """Remove images no ref names, blobs no image needs, dead staging.
-    Returns (images removed, blobs removed, bytes freed)."""
+    """Remove images no ref names, blobs no image needs (needed_blobs), dead
+    staging.  Returns (images removed, blobs removed, blob bytes freed)."""
     gc = st.lock("gc")
     try:
         st.clean_staging(partials=True)
         named = {d for _, d in st.refs()}
         n_img = 0
-        keep = set()
         for d in st.image_digests():
             if d not in named:
                 fd = st.try_exclusive(d)
-                if fd is not None:           # else in use: kept with its blobs
+                if fd is not None:           # else in use: kept
                     remove_image(st, d)
                     n_img += 1
                     if fd >= 0:
                         os.close(fd)
-                    continue
-            rec = st.image_record(d) or {}
-            keep.add(d)
-            keep.add(rec.get("config"))
-            keep.update(rec.get("layers") or [])
         remove_unneeded(st)
-        n_blob, freed = 0, 0
+        keep = needed_blobs(st)
+        going = []
         for alg in ("sha256", "sha512"):
             bfd = os.open(f"blobs/{alg}", _DIR, dir_fd=st.fd)
             try:
-                for hexpart in os.listdir(bfd):
-                    if f"{alg}:{hexpart}" in keep:
-                        continue
-                    try:
-                        bst = os.stat(hexpart, dir_fd=bfd, follow_symlinks=False)
-                        os.unlink(hexpart, dir_fd=bfd)
-                    except OSError:
-                        continue
-                    n_blob += 1
-                    freed += bst.st_size
+                going += [f"{alg}:{h}" for h in os.listdir(bfd) if f"{alg}:{h}" not in keep]
             finally:
                 os.close(bfd)
+        n_blob, freed = _remove_blobs(st, going)
         lfd = os.open("locks", _DIR, dir_fd=st.fd)
         try:
             for name in os.listdir(lfd):

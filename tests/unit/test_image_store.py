@@ -93,8 +93,11 @@ def test_pull_publishes_image_and_ref(tmp_path, layout):
     assert open(b + "/rootfs/etc/os-release").read() == "ID=test\n"
     conf = json.load(open(b + "/config.json"))
     assert conf["process"]["env"] == ["A=1"] and conf["process"]["cwd"] == "/srv"
-    for d in blobs:
-        assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
+    # The manifest and config stay; the compressed layers went once unpacked.
+    conf_d = json.loads(man)["config"]["digest"]
+    assert open(st.root + "/" + st.blob_path(conf_d), "rb").read() == blobs[conf_d]
+    assert sorted(os.listdir(st.root + "/blobs/sha256")) == sorted([dig[7:], conf_d[7:]])
+    assert not st.keeps_blobs(dig)
     assert stat.S_IMODE(os.stat(st.root).st_mode) == 0o700
     assert os.listdir(st.root + "/tmp") == []
     assert not [n for n in os.listdir(st.root + "/locks") if n.startswith("owner-")]
@@ -162,9 +165,11 @@ def test_rmi_and_prune(tmp_path, layout):
         rmi(st, ["nope:1"])
     assert rmi(st, [dig]) == [("docker.io/library/b:1", dig)]
     assert not st.has_image(dig) and st.refs() == []
-    n_img, n_blob, _ = prune(st)
-    assert (n_img, n_blob) == (0, len(blobs))
+    # rmi freed it all: no blob or layer is left for prune
     assert os.listdir(st.root + "/blobs/sha256") == []
+    assert os.listdir(st.root + "/layers") == []
+    n_img, n_blob, _ = prune(st)
+    assert (n_img, n_blob) == (0, 0)
     assert os.listdir(st.root + "/locks") == ["gc"]
 
 
@@ -176,9 +181,11 @@ def test_prune_keeps_named_removes_unnamed(tmp_path, layout):
     lay2 = fx.write_layout(str(tmp_path / "lay2"), [(None, man2, b2)])
     pull(st, archive.OciLayoutSource(lay2), [])
     assert len(st.image_digests()) == 2
-    assert prune(st)[:2] == (1, len(b2))
+    assert prune(st)[:2] == (1, 2)          # its manifest and config
     assert st.image_digests() == [fx.sha(man)]
-    assert sorted(os.listdir(st.root + "/blobs/sha256")) == sorted(d[7:] for d in blobs)
+    conf_d = json.loads(man)["config"]["digest"]
+    assert sorted(os.listdir(st.root + "/blobs/sha256")) == sorted([fx.sha(man)[7:],
+                                                                     conf_d[7:]])
 
 
 def test_ref_names_escaped():
@@ -280,8 +287,8 @@ class Restarting:
 def test_blob_restarted_by_source(tmp_path, layout):
     lay, man, blobs = layout
     st = storemod.Store(str(tmp_path / "s"))
-    rec = pull(st, Restarting(archive.OciLayoutSource(lay, "v1")), ["r:1"])
-    assert rec["digest"] == fx.sha(man)
+    rec = pull(st, Restarting(archive.OciLayoutSource(lay, "v1")), ["r:1"], keep_blobs=True)
+    assert rec["digest"] == fx.sha(man) and st.keeps_blobs(rec["digest"])
     for d in blobs:
         assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
 
@@ -327,4 +334,4 @@ def test_prune_and_rmi_keep_an_image_held(tmp_path, layout):
             storemod.Store(st.root).hold(dig)
         finally:
             os.close(held)
-    assert prune(st)[:2] == (1, len(blobs))
+    assert prune(st)[:2] == (1, 2)          # its manifest and config
