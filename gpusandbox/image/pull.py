@@ -152,16 +152,17 @@ def _build(st, source, dig, man, raw, want, asked, progress, keep_blobs=False):
         raise ImageError(f"image {dig}: {len(layers)} layers but "
                          f"{len(conf.diff_ids)} diff_ids in its config", None)
     # A layer already unpacked needs no compressed blob (unless kept).
-    fetch = [d for d, diff_id in zip(layers, conf.diff_ids)
+    fetch = [(d, diff_id) for d, diff_id in zip(layers, conf.diff_ids)
              if keep_blobs or not has_layer(st, diff_id)]
     if progress:
         progress("start", {"layers": len(layers),
-                           "total": sum(d["size"] for d in fetch if not st.has_blob(d))})
+                           "total": sum(d["size"] for d, _ in fetch if not st.has_blob(d))})
     for d in layers:
-        if progress and (st.has_blob(d) or not any(d is f for f in fetch)):
+        if progress and (st.has_blob(d) or not any(d is f for f, _ in fetch)):
             progress("cached", d)
-    for d in fetch:
-        st.ensure_blob(source, d, progress)
+    for d, diff_id in fetch:
+        st.ensure_blob(source, d, progress, None if keep_blobs else
+                       lambda diff_id=diff_id: has_layer(st, diff_id))
     warned = set()
 
     def warn(line):

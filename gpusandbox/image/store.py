@@ -283,15 +283,18 @@ class Store(StoreReader):
 
     # -- blobs ------------------------------------------------------------
 
-    def ensure_blob(self, source, desc, progress=None):
+    def ensure_blob(self, source, desc, progress=None, unneeded=None):
         """The blob in the store, fetched from `source` at most once across
-        concurrent pulls; returns True when this call fetched it."""
+        concurrent pulls; returns True when this call fetched it.
+        `unneeded()`, checked under the blob's lock, says the blob is no
+        longer wanted (its layer was unpacked, and the blob removed, by a
+        concurrent pull meanwhile: pull.drop_layer_blobs)."""
         path = self.blob_path(desc["digest"])
         if self.has_blob(desc):
             return False
         lk = self.lock("blob-" + path.rpartition("/")[2])
         try:
-            if self.has_blob(desc):
+            if self.has_blob(desc) or unneeded is not None and unneeded():
                 return False
             if getattr(source, "resumable", False):
                 from . import partial

@@ -12,15 +12,10 @@ last component and a bounded length: a store is data (a site store is
 another user's), and what comes out of it is checked again by its caller
 (load, validate_digest).  Opening a store creates nothing.
 
-The run record's reader, `run`'s lookup of a store image and the
-application of its config (prepare, apply_user) are here too: with the
-package itself, this is the only image module a cached `run` loads.  It
-imports no image module but the package (and, off the cached path, the
-config and manifest parsers): the writer (store.py), the pull (pull.py,
-runimage.py) and runrec.py's writer sit above it, and on a miss prepare
-returns False for the launcher to call runimage.prepare, the same lookup
-with the pull.  (Were the pull called from here, this module and every
-module of the pull would import each other.)"""
+The run record's reader and `run`'s lookup (prepare, apply_user) are here
+too: with the package, the only image module a cached `run` loads.  It
+imports no image module above it: on a miss prepare returns False and the
+launcher calls runimage.prepare, the same lookup with the pull."""
 import errno
 import os
 import stat
