@@ -341,7 +341,9 @@ def main_run(argv):
                 spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
         if spec.image_ref:
             from .image.storeread import prepare
-            prepare(spec)
+            if not prepare(spec):       # not in the store: the pull on a miss
+                from .image.runimage import prepare
+                prepare(spec)
         elif (spec.entrypoint is not None or spec.platform is not None) and \
                 not names_squashfs(spec.image):
             _bad("--entrypoint and --platform apply to image references", None,

@@ -310,13 +310,18 @@ def host_platform():
             "variant": "v8" if arch == "aarch64" else None}
 
 
+def format_platform(p):
+    """os/arch[/variant] of a platform dict, as --platform spells it."""
+    s = f"{p.get('os')}/{p.get('architecture')}"
+    return s + (f"/{p['variant']}" if p.get("variant") else "")
+
+
 def check_platform(c, want, asked):
     """Refuse an image of another OS or architecture than `want` unless the
     user asked for that platform (--platform); an image that omits them is
     taken as it is."""
     if c.os and c.os != want["os"] or \
             c.architecture and c.architecture != want["architecture"]:
-        from .manifest import format_platform
         got = format_platform(c.platform())
         if asked:
             raise ImageError(f"the image is for {got}, not the {format_platform(want)} "

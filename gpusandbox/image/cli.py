@@ -52,6 +52,9 @@ def pull_parser():
     p.add_argument("--progress", default="auto", choices=("auto", "tty", "plain", "json", "none"),
                    help="auto: a status line on a terminal, else plain lines (default auto)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the digest")
+    p.add_argument("--keep-blobs", action="store_true",
+                   help="keep the image's compressed layers in the store (by default each "
+                        "is removed once unpacked; rmi removes them with the image)")
     p.add_argument("-o", "--output", metavar="FILE.sqsh",
                    help="also write the image's root filesystem as one squashfs file "
                         "(for `gpusandbox run FILE.sqsh`; mksquashfs from squashfs-tools)")
@@ -66,19 +69,21 @@ def main_pull(argv):
         sqshout.check_target(a.output)
     from .progress import Progress
     prog = Progress("none" if a.quiet else a.progress)
-    from .runimage import stores
+    from .pull import pull
     from .sources import names_for, open_source
+    from .store import writable
+    from .storeread import stores
     ref = refmod.parse(a.ref)
     if ref.transport == "store":
         # `pull ubuntu:22.04` means the registry, as docker pull does.
         ref = refmod.ImageRef("docker", ref.host, ref.repo, ref.tag, ref.digest)
     platform = mf.parse_platform(a.platform) if a.platform else None
-    st = stores(a.store).writable()
+    st = writable(stores(a.store))
     src = open_source(ref, {"authfile": a.authfile, "tls_verify": a.tls_verify == "true",
                             "platform": platform})
     try:
-        rec = st.pull(src, names_for(ref), platform=platform, asked=platform is not None,
-                      progress=prog)
+        rec = pull(st, src, names_for(ref), platform=platform, asked=platform is not None,
+                   progress=prog, keep_blobs=a.keep_blobs)
     finally:
         src.close()
     prog.finish()
@@ -92,17 +97,26 @@ def main_pull(argv):
 
 def images_parser():
     p = _parser("images", "List the images in the store (then the site store): SIZE is "
-                "the unpacked image's, COMPRESSED its layers' as pulled.")
+                "the unpacked image's files, SHARED the disk its layers use that other images "
+                "share, UNIQUE the disk only it uses (what rmi of it frees).")
     p.add_argument("--json", action="store_true", help="raw numbers for tools: size (the "
-                   "compressed layers' bytes), unpacked_size, last_used (epoch seconds)")
+                   "compressed layers' bytes), unpacked_size, shared_size, unique_size, "
+                   "last_used (epoch seconds)")
+    p.add_argument("--df", action="store_true", help="the store's disk use per kind (images, "
+                   "unused layers and blobs, staging) and what prune reclaims, as docker "
+                   "system df")
     return p
 
 
 @_oserrors
 def main_images(argv):
     a = images_parser().parse_args(argv)
-    from .runimage import stores
-    from .show import image_rows, images_text
+    from .storeread import stores
+    from .show import df_doc, df_text, image_rows, images_text
+    if a.df:
+        docs = [df_doc(st) for st in stores(a.store) if st is not None]
+        sys.stdout.write(json.dumps(docs, indent=1) + "\n" if a.json else df_text(docs))
+        return 0
     rows = [r for st in stores(a.store) if st is not None for r in image_rows(st)]
     if a.json:
         sys.stdout.write(json.dumps(rows, indent=1) + "\n")
@@ -112,7 +126,8 @@ def main_images(argv):
 
 
 def rmi_parser():
-    p = _parser("rmi", "Remove images by reference or manifest digest.")
+    p = _parser("rmi", "Remove images by reference or manifest digest; an image no name "
+                "holds then is deleted with the layers and blobs no other image lists.")
     p.add_argument("refs", nargs="+", metavar="REF|DIGEST",
                    help="image names, or manifest digests (a prefix of 12 or more hex digits)")
     return p
@@ -121,8 +136,10 @@ def rmi_parser():
 @_oserrors
 def main_rmi(argv):
     a = rmi_parser().parse_args(argv)
-    from .runimage import stores
-    st = stores(a.store).writable()
+    from .store import writable
+    from .storegc import rmi
+    from .storeread import stores
+    st = writable(stores(a.store))
     items = []
     for r in a.refs:
         if r.startswith("sha256:") or (len(r) >= 12 and all(c in "0123456789abcdef"
@@ -130,7 +147,7 @@ def main_rmi(argv):
             items.append(r)
         else:
             items.append(refmod.parse(r).canonical())
-    for what, d in st.rmi(items):
+    for what, d in rmi(st, items):
         sys.stdout.write(f"untagged {what}\n" if what != d else f"deleted {d}\n")
     return 0
 
@@ -143,9 +160,11 @@ def prune_parser():
 @_oserrors
 def main_prune(argv):
     a = prune_parser().parse_args(argv)
-    from .runimage import stores
     from .sizes import human
-    n_img, n_blob, freed = stores(a.store).writable().prune()
+    from .store import writable
+    from .storegc import prune
+    from .storeread import stores
+    n_img, n_blob, freed = prune(writable(stores(a.store)))
     sys.stdout.write(f"removed {n_img} images, {n_blob} blobs, {human(freed)} freed\n")
     return 0
 
@@ -163,7 +182,7 @@ def inspect_parser():
 @_oserrors
 def main_inspect(argv):
     a = inspect_parser().parse_args(argv)
-    from .runimage import find, stores
+    from .storeread import find, stores
     from .show import inspect_doc, inspect_text
     all_stores = stores(a.store)
     docs = []

@@ -17,8 +17,8 @@ from . import digest as digestmod
 from . import manifest as mf
 from .digest import ImageError
 from ..imagedata import number
-# Defined in runrec.py: `run` of a cached image imports neither this module nor manifest.py.
-from .runrec import check_platform, command  # noqa: F401
+# Defined in the package: `run` of a cached image imports neither this module nor manifest.py.
+from . import check_platform, command  # noqa: F401
 
 MAX_ITEMS = 4096
 MAX_STR = 1 << 16

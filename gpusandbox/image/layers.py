@@ -5,6 +5,7 @@
                                             `.wh..wh..opq` marker files
   ROOT/layers/<alg>-<diff_id hex>/implied   directories the layer needs but
                                             does not list (NUL-terminated)
+  ROOT/layers/<alg>-<diff_id hex>/usage     the diff's apparent and disk bytes
   ROOT/layers/<alg>-<diff_id hex>/sealed    in a store other users read: the
                                             layer is sealed, and its directories'
                                             own metadata (the package's SEAL)
@@ -38,8 +39,7 @@ import threading
 
 from . import SEAL, digest as digestmod, dump_seal, load_seal
 from .digest import ImageError
-from .store import _DIR
-from .storegc import rmtree_at, unpublish
+from .store import _DIR, rmtree_at
 from ..linux import sys as k
 
 _RES = k.RESOLVE_BENEATH | k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS
@@ -47,6 +47,7 @@ _WH = ".wh."
 _OPQ = ".wh..wh..opq"
 MAX_WORKERS = 4
 MAX_IMPLIED = 64 << 20
+USAGE = "usage"         # layers/<id>/usage: "APPARENT DISK\n", the diff's bytes
 
 
 def layer_dir(diff_id):
@@ -136,6 +137,10 @@ def _unpack_one(st, desc, diff_id, tmp, warn):
                     raise ImageError(f"layer {desc['digest']} does not match the image "
                                      "config's diff_id", f"got {got}, config says {diff_id}")
                 st._write_new(sfd, "implied", b"".join(p + b"\0" for p in sorted(implied)))
+                # What the layer holds on disk, for `images` (usage.py).
+                from .sizes import tree_usage
+                apparent, disk, _own = tree_usage(sfd, "diff")
+                st._write_new(sfd, USAGE, b"%d %d\n" % (apparent, disk))
                 if seal is not None:
                     st._write_new(sfd, SEAL, dump_seal((p, *m) for p, m in seal.items()))
                 st._publish_mode(sfd, True)
@@ -145,7 +150,7 @@ def _unpack_one(st, desc, diff_id, tmp, warn):
             if st.shared:
                 # An unsealed layer of an older gpusandbox: its inodes stay
                 # with the images that link them, refused until rebuilt.
-                unpublish(st, path)
+                st.unpublish(path)
             os.rename(tmp, path, src_dir_fd=st.fd, dst_dir_fd=st.fd)
             st._unpacked.append(diff_id)   # list.append: safe across threads
         except BaseException:

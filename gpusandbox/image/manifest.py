@@ -7,7 +7,8 @@ skipped).  A document that claims to be both a manifest and an index is
 refused."""
 from . import digest as digestmod
 from .digest import ImageError
-from .runrec import host_platform  # noqa: F401  (there: a cached `run` needs only it)
+# Defined in the package: a cached `run` needs them without this module.
+from . import format_platform, host_platform  # noqa: F401
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -44,11 +45,6 @@ def parse_platform(text):
                          "example: --platform linux/arm64")
     return {"os": parts[0], "architecture": parts[1],
             "variant": parts[2] if len(parts) == 3 else None}
-
-
-def format_platform(p):
-    s = f"{p.get('os')}/{p.get('architecture')}"
-    return s + (f"/{p['variant']}" if p.get("variant") else "")
 
 
 def loads(raw, what):

@@ -1,9 +1,15 @@
-"""Store.pull: fetch an image's blobs and unpack it into the store.
+"""pull(store, source): fetch an image's blobs and unpack it into the store.
 
 The manifest is checked against its digest, the config against the
 platform, every layer's diff_id against the config; an image is built in a
 staging directory and published by one rename (store.py describes the
-layout, the locks and the staging rules)."""
+layout, the locks and the staging rules).
+
+A compressed layer is fetched only when the store lacks its unpacked
+layer, and removed once the image is published (drop_layer_blobs): the
+store then holds each image once, as its unpacked layers.  `keep_blobs`
+(`pull --keep-blobs`) keeps the image's compressed layers instead, marked
+by images/<hex>/keep-blobs, until rmi removes the image."""
 import fcntl
 import json
 import os
@@ -14,16 +20,19 @@ from . import digest as digestmod
 from . import manifest as mf
 from . import runrec
 from .digest import ImageError
-from .store import _DIR, bundle_config
-from .storegc import rmtree_at
+from .layers import ensure_layers, has_layer
+from .store import _DIR, KEEP, bundle_config, rmtree_at
+from .storegc import needed_blobs
 
 
-def pull(st, source, names=None, platform=None, asked=False, progress=None):
+def pull(st, source, names=None, platform=None, asked=False, progress=None,
+         keep_blobs=False):
     """Fetch and unpack the image `source` offers for `platform` and name
     it: `names` is a list of refs or a function of the source giving one
     (a docker-archive's names are known after its manifest is read); the
     refs are written under the gc lock, so no prune sees the image
-    unnamed.  Returns its image record."""
+    unnamed.  `keep_blobs`: its compressed layers stay in the store.
+    Returns its image record."""
     want = platform or mf.host_platform()
     dig, man, raw = source.manifest(want)
     h = digestmod.hasher(dig)
@@ -34,7 +43,8 @@ def pull(st, source, names=None, platform=None, asked=False, progress=None):
     # An image of a shared store without a seal (an older gpusandbox's) is
     # as good as absent here: this pull rebuilds it.
     present = st.has_image(dig) and not st.unsealed(dig)
-    if present:
+    if present and (not keep_blobs or st.keeps_blobs(dig)
+                    and all(st.has_blob(d) for d in man["layers"])):
         # Already here (a local layout run again): no lock when every
         # name already points at it.
         wanted = names(source) if callable(names) else list(names or ())
@@ -47,7 +57,11 @@ def pull(st, source, names=None, platform=None, asked=False, progress=None):
     try:
         st.clean_staging()
         if not present:
-            _build(st, source, dig, man, raw, want, asked, progress)
+            _build(st, source, dig, man, raw, want, asked, progress, keep_blobs)
+        if keep_blobs:
+            _keep_blobs(st, source, dig, man, progress)
+        else:
+            drop_layer_blobs(st, man["layers"])
         for name in (names(source) if callable(names) else names or ()):
             st.set_ref(name, dig)
         st.touch(dig)
@@ -60,6 +74,48 @@ def pull(st, source, names=None, platform=None, asked=False, progress=None):
         st.release_owner()
         if gc is not None:
             os.close(gc)
+
+
+def drop_layer_blobs(st, descs):
+    """Remove the compressed layers `descs` (each unpacked in the store by
+    now, which no pull undoes while this one holds the gc lock) unless an
+    image kept with --keep-blobs lists them.  Under each blob's lock, as a
+    --keep-blobs pull checks them (_keep_blobs), so none is lost between."""
+    for d in descs:
+        if not st.has_blob(d):
+            continue
+        lk = st.lock("blob-" + st.blob_path(d["digest"]).rpartition("/")[2])
+        try:
+            if d["digest"] not in kept_blobs(st):
+                try:
+                    os.unlink(st.blob_path(d["digest"]), dir_fd=st.fd)
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(lk)
+
+
+def kept_blobs(st):
+    """The layer blobs the images marked keep-blobs list."""
+    out = set()
+    for d in st.image_digests():
+        if st.keeps_blobs(d):
+            out.update((st.image_record(d) or {}).get("layers") or ())
+    return out
+
+
+def _keep_blobs(st, source, dig, man, progress):
+    """The image marked keep-blobs, then each of its compressed layers
+    fetched where missing.  Each blob's lock is taken once after the mark
+    is published: a pull that checked the marks before (drop_layer_blobs)
+    has removed the blob by then, and it is fetched again here."""
+    try:
+        st._write_new(st.fd, st.image_dir(dig) + "/" + KEEP, b"")
+    except FileExistsError:
+        pass
+    for d in man["layers"]:
+        os.close(st.lock("blob-" + st.blob_path(d["digest"]).rpartition("/")[2]))
+        st.ensure_blob(source, d, progress)
 
 
 def _forget(st, gc):
@@ -75,10 +131,7 @@ def _forget(st, gc):
         from .layers import remove_unneeded
         if st._unpacked:
             remove_unneeded(st, st._unpacked)
-        needed = set()
-        for d in st.image_digests():
-            rec = st.image_record(d) or {}
-            needed.update([d, rec.get("config")] + list(rec.get("layers") or []))
+        needed = needed_blobs(st)
         for d in st._fetched:
             if d not in needed:
                 try:
@@ -89,7 +142,7 @@ def _forget(st, gc):
         os.close(gc)
 
 
-def _build(st, source, dig, man, raw, want, asked, progress):
+def _build(st, source, dig, man, raw, want, asked, progress, keep_blobs=False):
     st.put_bytes(dig, raw)
     st.ensure_blob(source, man["config"])
     conf = cfgmod.parse(st.read_blob(man["config"]["digest"]))
@@ -98,15 +151,18 @@ def _build(st, source, dig, man, raw, want, asked, progress):
     if len(conf.diff_ids) != len(layers):
         raise ImageError(f"image {dig}: {len(layers)} layers but "
                          f"{len(conf.diff_ids)} diff_ids in its config", None)
+    # A layer already unpacked needs no compressed blob (unless kept).
+    fetch = [(d, diff_id) for d, diff_id in zip(layers, conf.diff_ids)
+             if keep_blobs or not has_layer(st, diff_id)]
     if progress:
         progress("start", {"layers": len(layers),
-                           "total": sum(d["size"] for d in layers
-                                        if not st.has_blob(d))})
+                           "total": sum(d["size"] for d, _ in fetch if not st.has_blob(d))})
     for d in layers:
-        if st.has_blob(d) and progress:
+        if progress and (st.has_blob(d) or not any(d is f for f, _ in fetch)):
             progress("cached", d)
-        st.ensure_blob(source, d, progress)
-    from .layers import ensure_layers
+    for d, diff_id in fetch:
+        st.ensure_blob(source, d, progress, None if keep_blobs else
+                       lambda diff_id=diff_id: has_layer(st, diff_id))
     warned = set()
 
     def warn(line):
@@ -155,11 +211,14 @@ def _unpack(st, dig, man, conf, progress):
         finally:
             os.close(rootfd)
         size = sum(d["size"] for d in man["layers"])
-        from .sizes import tree_bytes
+        from .sizes import tree_usage
         # "size" is the compressed layers' (what a pull fetches), "unpacked"
-        # the tree's (what docker calls the image's size): `images` shows both.
+        # the tree's (what docker calls the image's size), "disk" what the
+        # tree holds of its own (its directories: the files are the layers'
+        # inodes): `images` and `inspect` show them.
+        unpacked, _disk, own = tree_usage(sfd, "rootfs")
         rec = {"digest": dig, "config": man["config"]["digest"], "size": size,
-               "unpacked": tree_bytes(sfd, "rootfs"),
+               "unpacked": unpacked, "disk": own,
                "created": conf.created, "platform": mf.format_platform(conf.platform()),
                "layers": [d["digest"] for d in man["layers"]],
                "diff_ids": list(conf.diff_ids), "pulled": int(time.time())}

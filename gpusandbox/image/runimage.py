@@ -1,60 +1,46 @@
-"""`run IMAGE` where IMAGE is an image reference, beyond a store hit: the
-pull on a miss (obtain) and the image's User (apply_user).  The lookup of a
-cached image and the application of its config (prepare) are in
-storeread.py, the only image module a cached `run` loads; they are
-re-exported here under their names (doctor, the image CLI)."""
-import os
+"""`run IMAGE` of an image reference the store lacks: the pull on a miss.
+
+A cached image is found and its config applied by storeread.prepare, the
+only image module a cached `run` loads; on a miss it changes nothing and
+returns False, and the launcher calls prepare() here, which is the same
+lookup with obtain() as the pull.  This module sits above the store's
+read path, the writer (store.py, pull.py) and the sources; none of them
+imports it.  The read path's names doctor and the image CLI use are
+re-exported here."""
 import sys
 
-from . import ImageError, store_name as _store_name  # noqa: F401
-from .storeread import Stores, find, prepare, stores  # noqa: F401
+from . import store_name as _store_name  # noqa: F401
+from . import storeread
+from .storeread import (Stores, apply_user, find, note_user, resolve_user,  # noqa: F401
+                        stores)
 from .storeread import run_config as _run_config  # noqa: F401
 
 
+def prepare(spec):
+    """storeread.prepare, pulling the image on a miss: with progress on a
+    terminal, and as plain lines for a registry (minutes, in a batch log);
+    a local import stays quiet."""
+    def pull_it(ref, all_stores, platform):
+        from .progress import Progress
+        mode = "tty" if sys.stderr.isatty() else "plain" if ref.transport == "docker" \
+            else "none"
+        return obtain(ref, all_stores, platform, progress=Progress(mode))
+    return storeread.prepare(spec, pull_it)
+
+
 def obtain(ref, all_stores, platform=None, opts=None, progress=None):
-    """(store, digest) of `ref`, pulling a transport reference on a miss."""
-    if ref.transport in ("store", "docker"):
-        hit = find(ref, all_stores)
-        if hit:
-            return hit
-        if ref.transport == "store":
-            raise ImageError(f"image not found: {ref.canonical()}",
-                             "no such directory, and no image of that name in the store "
-                             f"{all_stores.root}",
-                             f"pull it first: gpusandbox pull docker://{ref.canonical()}")
+    """(store, digest) of `ref` (a transport reference storeread.find did not
+    find) pulled into the own store."""
+    from .pull import pull
     from .sources import names_for, open_source
+    from .store import writable
     o = dict(opts or {})
     o["platform"] = platform
     src = open_source(ref, o)
     try:
-        st = all_stores.writable()
-        rec = st.pull(src, names_for(ref), platform=platform,
-                      asked=platform is not None, progress=progress)
+        st = writable(all_stores)
+        rec = pull(st, src, names_for(ref), platform=platform,
+                   asked=platform is not None, progress=progress)
     finally:
         src.close()
     return st, rec["digest"]
-
-
-def apply_user(spec, conf, rootfd):
-    """The image's User where the sandbox can represent it: real root in
-    the host user namespace (the --user path); elsewhere a note."""
-    if os.geteuid() == 0 and spec.userns in ("auto", "host"):
-        spec.user = resolve_user(conf, rootfd)
-        spec.user_by_image = True
-        spec.userns = "host"
-        return
-    note_user(conf)
-
-
-def resolve_user(conf, rootfd):
-    """The image's User as uid, gid and groups, looked up in the image's
-    /etc/passwd and /etc/group, read inside the root `rootfd`."""
-    from ..linux import sys as k
-    from . import config as cfgmod
-    return cfgmod.resolve_user(conf, rootfd, lambda p, lim: k.read_in_root(rootfd, p, lim))
-
-
-def note_user(conf):
-    sys.stderr.write(f"gpusandbox: note: the image's User {conf.user[:60]!r} is not applied "
-                     "(rootless or in a user namespace); the command runs as you "
-                     "(--root for uid 0)\n")

@@ -29,13 +29,18 @@ def _names(st):
 def image_rows(st):
     """One row per name (an image without one: <none>), raw numbers:
     `size` is the compressed layers' bytes, `unpacked_size` the tree's
-    (None for an image an older gpusandbox pulled)."""
+    (None for an image an older gpusandbox pulled), `shared_size` and
+    `unique_size` its disk use (usage.py)."""
+    from .usage import Usage
     names = _names(st)
+    disk = Usage(st).images
     for d in st.image_digests():
         rec = st.image_record(d) or {}
+        shared, unique = disk.get(d, (None, None))
         for n in names.get(d) or ["<none>"]:
             yield {"reference": n, "digest": d, "size": rec.get("size"),
                    "unpacked_size": rec.get("unpacked"),
+                   "shared_size": shared, "unique_size": unique,
                    "created": rec.get("created"), "last_used": st.last_used(d),
                    "platform": rec.get("platform"), "store": st.root}
 
@@ -50,12 +55,42 @@ def table(header, rows):
 
 
 def images_text(rows):
-    header = ("REFERENCE", "DIGEST", "CREATED", "SIZE", "COMPRESSED", "LAST USED")
+    header = ("REFERENCE", "DIGEST", "CREATED", "SIZE", "SHARED", "UNIQUE", "LAST USED")
     cells = [(printable(r["reference"]), r["digest"][:19],
               printable((r["created"] or "-")[:16].replace("T", " ")),
-              human(r["unpacked_size"]), human(r["size"]), _when(r["last_used"]))
+              human(r["unpacked_size"]), human(r["shared_size"]), human(r["unique_size"]),
+              _when(r["last_used"]))
              for r in rows]
     return table(header, cells)
+
+
+def df_doc(st):
+    """`images --df --json`: the store's disk use per kind, raw bytes."""
+    from .usage import Usage
+    u = Usage(st)
+    return {"store": st.root, "rows": [
+        {"type": kind, "total": n, "size": size, "reclaimable": free}
+        for kind, n, size, free in u.df]}
+
+
+def df_text(docs):
+    """`images --df`: docker's `system df` table, one per store."""
+    out = []
+    for doc in docs:
+        rows = doc["rows"]
+        cells = [(r["type"], str(r["total"]), human(r["size"]), _share(r["reclaimable"],
+                                                                       r["size"]))
+                 for r in rows]
+        size = sum(r["size"] for r in rows)
+        cells.append(("Total", "", human(size), _share(sum(r["reclaimable"] for r in rows),
+                                                        size)))
+        out.append(f"Store {printable(doc['store'])}\n" +
+                   table(("TYPE", "TOTAL", "SIZE", "RECLAIMABLE"), cells))
+    return "\n".join(out)
+
+
+def _share(part, whole):
+    return f"{human(part)} ({100 * part // whole if whole else 0}%)"
 
 
 def _extra_config(raw):

@@ -23,22 +23,32 @@ def human(n):
 
 
 def tree_bytes(dirfd, name):
-    """The apparent size of the tree `name` under `dirfd`: every file's and
-    symlink's st_size, each inode once (an image's files are hard links into
-    its layers, and a layer may hard-link its own files).  Walked through
-    directory fds without following symlinks; an entry it cannot read
-    counts as nothing."""
+    """The apparent size of the tree `name` under `dirfd` (tree_usage)."""
+    return tree_usage(dirfd, name)[0]
+
+
+def tree_usage(dirfd, name):
+    """(apparent, disk, own) of the tree `name` under `dirfd`: every file's
+    and symlink's st_size, each inode once (an image's files are hard links
+    into its layers, and a layer may hard-link its own files); the disk
+    blocks of every inode, directories included, each once; and the disk
+    blocks of the directories and of the inodes linked only here (what
+    removing the tree alone frees).  Walked through directory fds without
+    following symlinks; an entry it cannot read counts as nothing."""
     seen = set()
-    total = 0
+    apparent = disk = own = 0
     stack = []
     try:
         stack.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                              dir_fd=dirfd))
     except OSError:
-        return 0
+        return 0, 0, 0
     while stack:
         fd = stack.pop()
         try:
+            blocks = os.fstat(fd).st_blocks * 512
+            disk += blocks
+            own += blocks
             with os.scandir(fd) as it:
                 for e in it:
                     try:
@@ -56,9 +66,12 @@ def tree_bytes(dirfd, name):
                         if (st.st_dev, st.st_ino) in seen:
                             continue
                         seen.add((st.st_dev, st.st_ino))
-                    total += st.st_size
+                    else:
+                        own += st.st_blocks * 512
+                    apparent += st.st_size
+                    disk += st.st_blocks * 512
         except OSError:
             pass
         finally:
             os.close(fd)
-    return total
+    return apparent, disk, own

@@ -16,8 +16,7 @@ from ..linux import sys as k
 from . import config as cfgmod
 from . import manifest as mf
 from .digest import ImageError
-from .runimage import note_user, resolve_user
-from .storeread import apply_config
+from .storeread import apply_config, note_user, resolve_user
 
 CONFIG_DIR = "/.gpusandbox"
 CONFIG_PATH = CONFIG_DIR + "/config.json"

@@ -24,14 +24,21 @@ staging directory are 0700, so a setuid file in an image is reachable by
 nobody else on the host.  A store its owner opened to others publishes its
 entries readable, on a nosuid filesystem only, and its trees sealed (no
 owner but root or the publisher, no group/other write: unpack.py).  Reading (run, images, inspect, doctor) is
-storeread.py: this module is the write side, imported by a pull, rmi, prune."""
+storeread.py: this module is the write side, imported by a pull (pull.py),
+rmi and prune (storegc.py), which call it; it imports none of them."""
 import errno
 import fcntl
 import os
+import stat
 
 from . import digest as digestmod
 from .digest import ImageError
 from .storeread import _DIR, MAX_REF_FILE, StoreReader, default_root, escape  # noqa: F401
+
+# images/<hex>/keep-blobs: the image was pulled with --keep-blobs, so its
+# compressed layers stay in blobs/ (pull.py); without it they are removed
+# once the image is built.
+KEEP = "keep-blobs"
 
 SUBDIRS = ("blobs", "blobs/sha256", "blobs/sha512", "images", "layers", "refs", "tmp",
            "locks")
@@ -99,6 +106,66 @@ def _mkdir_p(path, mode=0o700):
     except OSError as e:
         raise ImageError(f"cannot create the image store {path}", e.strerror,
                          "set GPUSANDBOX_STORE or --store to a writable directory") from None
+
+
+def rmtree_at(dirfd, name):
+    """Remove `name` under `dirfd` and everything below it, never following
+    a symlink; directories an image made read-only are chmod'ed first."""
+    stack = []
+    try:
+        os.unlink(name, dir_fd=dirfd)
+        return
+    except FileNotFoundError:
+        return
+    except (IsADirectoryError, PermissionError):
+        pass
+    except OSError as e:
+        if e.errno != errno.EISDIR:
+            raise
+    fd = os.open(name, _DIR, dir_fd=dirfd)
+    stack.append((dirfd, name, fd))
+    while stack:
+        pfd, pname, fd = stack[-1]
+        try:
+            os.fchmod(fd, 0o700)
+        except OSError:
+            pass
+        descended = False
+        for entry in os.listdir(fd):
+            try:
+                os.unlink(entry, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno not in (errno.EISDIR, errno.EPERM):
+                    raise
+                stack.append((fd, entry, os.open(entry, _DIR, dir_fd=fd)))
+                descended = True
+                break
+        if descended:
+            continue
+        stack.pop()
+        os.close(fd)
+        os.rmdir(pname, dir_fd=pfd)
+
+
+def keeps_blobs(st, dig):
+    """Whether image `dig` of store `st` (a reader too) keeps its compressed layers."""
+    try:
+        return stat.S_ISREG(os.stat(st.image_dir(dig) + "/" + KEEP, dir_fd=st.fd,
+                                    follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def writable(all_stores):
+    """The own store of `all_stores` (storeread.stores) opened for writing,
+    created (0700) when missing; kept in all_stores[0] for later calls."""
+    if not isinstance(all_stores[0], Store):
+        if all_stores[0] is not None:
+            all_stores[0].close()
+        all_stores[0] = Store(all_stores.root)
+    return all_stores[0]
 
 
 class Store(StoreReader):
@@ -203,7 +270,6 @@ class Store(StoreReader):
                 kind, _, rest = name.partition("_")
                 token = rest.rpartition("_")[0]
                 if not token or not self._owner_alive(token, dead):
-                    from .storegc import rmtree_at
                     rmtree_at(tfd, name)
         finally:
             os.close(tfd)
@@ -217,15 +283,18 @@ class Store(StoreReader):
 
     # -- blobs ------------------------------------------------------------
 
-    def ensure_blob(self, source, desc, progress=None):
+    def ensure_blob(self, source, desc, progress=None, unneeded=None):
         """The blob in the store, fetched from `source` at most once across
-        concurrent pulls; returns True when this call fetched it."""
+        concurrent pulls; returns True when this call fetched it.
+        `unneeded()`, checked under the blob's lock, says the blob is no
+        longer wanted (its layer was unpacked, and the blob removed, by a
+        concurrent pull meanwhile: pull.drop_layer_blobs)."""
         path = self.blob_path(desc["digest"])
         if self.has_blob(desc):
             return False
         lk = self.lock("blob-" + path.rpartition("/")[2])
         try:
-            if self.has_blob(desc):
+            if self.has_blob(desc) or unneeded is not None and unneeded():
                 return False
             if getattr(source, "resumable", False):
                 from . import partial
@@ -269,6 +338,9 @@ class Store(StoreReader):
 
     # -- images -----------------------------------------------------------
 
+    def keeps_blobs(self, dig):
+        return keeps_blobs(self, dig)
+
     def try_exclusive(self, dig):
         """The image's `used` file locked exclusively, or None when a sandbox
         holds it (in use); -1 when there is no such file."""
@@ -283,11 +355,6 @@ class Store(StoreReader):
             os.close(fd)
             return None
         return fd
-
-    def pull(self, source, names=None, platform=None, asked=False, progress=None):
-        """Fetch and unpack the image `source` offers (see pull.py)."""
-        from .pull import pull
-        return pull(self, source, names, platform, asked, progress)
 
     # -- refs -------------------------------------------------------------
 
@@ -308,16 +375,15 @@ class Store(StoreReader):
         except FileNotFoundError:
             return False
 
-    # -- removal (storegc.py) ----------------------------------------------
+    # -- removal (storegc.py decides what goes) ----------------------------
 
-    def remove_image(self, dig):
-        from .storegc import remove_image
-        return remove_image(self, dig)
-
-    def rmi(self, names_or_digests):
-        from .storegc import rmi
-        return rmi(self, names_or_digests)
-
-    def prune(self):
-        from .storegc import prune
-        return prune(self)
+    def unpublish(self, rel):
+        """Rename a published directory (images/<hex>, layers/<id>) into
+        tmp/, where no reader looks, then delete it; False when there was none."""
+        tmp = self._staging_name("rm")
+        try:
+            os.rename(rel, tmp, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except FileNotFoundError:
+            return False
+        rmtree_at(self.fd, tmp)
+        return True

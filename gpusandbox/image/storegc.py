@@ -1,69 +1,48 @@
-"""Removal from the store: rmi, prune, a failed pull's blobs, and a
-directory tree removed without following symlinks (images may hold
-read-only directories)."""
-import errno
+"""Removal from the store: rmi and prune (the store's own primitives,
+Store.unpublish and rmtree_at, are in store.py; layer directories no image
+lists are layers.remove_unneeded's)."""
 import fcntl
 import os
 
 from .digest import ImageError
+from .layers import remove_unneeded
 from .store import _DIR
 
 
-def rmtree_at(dirfd, name):
-    """Remove `name` under `dirfd` and everything below it, never following
-    a symlink; directories an image made read-only are chmod'ed first."""
-    stack = []
-    try:
-        os.unlink(name, dir_fd=dirfd)
-        return
-    except FileNotFoundError:
-        return
-    except (IsADirectoryError, PermissionError):
-        pass
-    except OSError as e:
-        if e.errno != errno.EISDIR:
-            raise
-    fd = os.open(name, _DIR, dir_fd=dirfd)
-    stack.append((dirfd, name, fd))
-    while stack:
-        pfd, pname, fd = stack[-1]
-        try:
-            os.fchmod(fd, 0o700)
-        except OSError:
-            pass
-        descended = False
-        for entry in os.listdir(fd):
-            try:
-                os.unlink(entry, dir_fd=fd)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno not in (errno.EISDIR, errno.EPERM):
-                    raise
-                stack.append((fd, entry, os.open(entry, _DIR, dir_fd=fd)))
-                descended = True
-                break
-        if descended:
-            continue
-        stack.pop()
-        os.close(fd)
-        os.rmdir(pname, dir_fd=pfd)
-
-
-def unpublish(st, rel):
-    """Rename a published directory (images/<hex>, layers/<id>) into tmp/,
-    where no reader looks, then delete it; False when there was none."""
-    tmp = st._staging_name("rm")
-    try:
-        os.rename(rel, tmp, src_dir_fd=st.fd, dst_dir_fd=st.fd)
-    except FileNotFoundError:
-        return False
-    rmtree_at(st.fd, tmp)
-    return True
-
-
 def remove_image(st, dig):
-    return unpublish(st, st.image_dir(dig))
+    return st.unpublish(st.image_dir(dig))
+
+
+def needed_blobs(st):
+    """The blobs the store's images need: each one's manifest and config,
+    and the compressed layers of those pulled with --keep-blobs (an image
+    needs no layer blob once built: its files are the layers' inodes)."""
+    from .store import keeps_blobs
+    out = set()
+    for d in st.image_digests():
+        rec = st.image_record(d) or {}
+        out.update((d, rec.get("config")))
+        if keeps_blobs(st, d):
+            out.update(rec.get("layers") or ())
+    return out
+
+
+def _remove_blobs(st, digests):
+    """Unlink the blobs `digests` that are there; returns (count, bytes)."""
+    n, freed = 0, 0
+    for dig in digests:
+        alg, _, name = dig.partition(":")
+        if alg not in ("sha256", "sha512") or not name or "/" in name or name in (".", ".."):
+            continue
+        rel = f"blobs/{alg}/{name}"
+        try:
+            bst = os.stat(rel, dir_fd=st.fd, follow_symlinks=False)
+            os.unlink(rel, dir_fd=st.fd)
+        except OSError:
+            continue
+        n += 1
+        freed += bst.st_blocks * 512
+    return n, freed
 
 
 def rmi(st, names_or_digests):
@@ -94,13 +73,17 @@ def rmi(st, names_or_digests):
             held.append((d, fd))
         for n in going:
             st.remove_ref(n)
+        gone = set()
         for d, _ in held:
+            rec = st.image_record(d) or {}
+            gone.update([d, rec.get("config")] + list(rec.get("layers") or ()))
             remove_image(st, d)
         if held:
-            # Layers only the removed images listed go with them; a layer
-            # another image lists stays.
-            from .layers import remove_unneeded
+            # Layers and blobs only the removed images listed go with them
+            # (no pull runs: gc is held exclusively); what another image
+            # lists stays.
             remove_unneeded(st)
+            _remove_blobs(st, sorted(x for x in gone - needed_blobs(st) if x))
         return [(n or d, d) for n, d in plan]
     finally:
         for _, fd in held:
@@ -111,45 +94,31 @@ def rmi(st, names_or_digests):
 
 
 def prune(st):
-    """Remove images no ref names, blobs no image needs, dead staging.
-    Returns (images removed, blobs removed, bytes freed)."""
+    """Remove images no ref names, blobs no image needs (needed_blobs), dead
+    staging.  Returns (images removed, blobs removed, blob bytes freed)."""
     gc = st.lock("gc")
     try:
         st.clean_staging(partials=True)
         named = {d for _, d in st.refs()}
         n_img = 0
-        keep = set()
         for d in st.image_digests():
             if d not in named:
                 fd = st.try_exclusive(d)
-                if fd is not None:           # else in use: kept with its blobs
+                if fd is not None:           # else in use: kept
                     remove_image(st, d)
                     n_img += 1
                     if fd >= 0:
                         os.close(fd)
-                    continue
-            rec = st.image_record(d) or {}
-            keep.add(d)
-            keep.add(rec.get("config"))
-            keep.update(rec.get("layers") or [])
-        from .layers import remove_unneeded
         remove_unneeded(st)
-        n_blob, freed = 0, 0
+        keep = needed_blobs(st)
+        going = []
         for alg in ("sha256", "sha512"):
             bfd = os.open(f"blobs/{alg}", _DIR, dir_fd=st.fd)
             try:
-                for hexpart in os.listdir(bfd):
-                    if f"{alg}:{hexpart}" in keep:
-                        continue
-                    try:
-                        bst = os.stat(hexpart, dir_fd=bfd, follow_symlinks=False)
-                        os.unlink(hexpart, dir_fd=bfd)
-                    except OSError:
-                        continue
-                    n_blob += 1
-                    freed += bst.st_size
+                going += [f"{alg}:{h}" for h in os.listdir(bfd) if f"{alg}:{h}" not in keep]
             finally:
                 os.close(bfd)
+        n_blob, freed = _remove_blobs(st, going)
         lfd = os.open("locks", _DIR, dir_fd=st.fd)
         try:
             for name in os.listdir(lfd):

@@ -12,10 +12,10 @@ last component and a bounded length: a store is data (a site store is
 another user's), and what comes out of it is checked again by its caller
 (load, validate_digest).  Opening a store creates nothing.
 
-The run record's reader, the platform check, the Entrypoint/Cmd rule and
-`run`'s lookup of a store image (prepare) are here too (runrec.py writes
-the record, runimage.py pulls on a miss; both re-export these): with the
-package itself, this is the only image module a cached `run` loads."""
+The run record's reader and `run`'s lookup (prepare, apply_user) are here
+too: with the package, the only image module a cached `run` loads.  It
+imports no image module above it: on a miss prepare returns False and the
+launcher calls runimage.prepare, the same lookup with the pull."""
 import errno
 import os
 import stat
@@ -378,16 +378,7 @@ def _list(it):
 class Stores(list):
     """The own store (None until it exists: a lookup creates nothing), then
     the read-only site store; .root is the own store's path.  Opened for
-    reading: store.py is imported only when something is written."""
-
-    def writable(self):
-        """The own store opened for writing, created (0700) when missing."""
-        from .store import Store
-        if not isinstance(self[0], Store):
-            if self[0] is not None:
-                self[0].close()
-            self[0] = Store(self.root)
-        return self[0]
+    reading: store.writable() opens the own one for writing."""
 
 
 def stores(root=None, environ=None):
@@ -415,10 +406,12 @@ def find(ref, all_stores):
     return None
 
 
-def prepare(spec):
-    """Resolve spec.image (an image reference) into a store image (pulled on
-    a miss: runimage.obtain) and apply its config to `spec`.  A store image
-    is never written (--rw is refused)."""
+def prepare(spec, obtain=None):
+    """Resolve spec.image (an image reference) into a store image and apply
+    its config to `spec`.  On a miss, `obtain(ref, stores, platform)` pulls
+    it (runimage.prepare passes it); without one, False: nothing is changed
+    and the caller pulls (so a cached `run` loads no pull code).  A store
+    image is never written (--rw is refused)."""
     if spec.rootfs_mode == "rw":
         raise ImageError("--rw cannot be used with a store image",
                          "store images are shared and never written",
@@ -430,15 +423,18 @@ def prepare(spec):
         platform = parse_platform(spec.platform)
     all_stores = stores(spec.store)
     hit = find(ref, all_stores) if ref.transport in ("store", "docker") else None
+    if hit is None and ref.transport == "store":
+        raise ImageError(f"image not found: {ref.canonical()}",
+                         "no such directory, and no image of that name in the store "
+                         f"{all_stores.root}",
+                         f"pull it first: gpusandbox pull docker://{ref.canonical()}")
     if hit is None:
-        import sys
-        from .progress import Progress
-        from .runimage import obtain
-        # A pull on a miss shows progress on a terminal, and as plain lines
-        # for a registry (minutes, in a batch log); a local import stays quiet.
-        mode = "tty" if sys.stderr.isatty() else "plain" if ref.transport == "docker" \
-            else "none"
-        hit = obtain(ref, all_stores, platform, progress=Progress(mode))
+        if obtain is None:
+            for st in all_stores:
+                if st is not None:
+                    st.close()
+            return False
+        hit = obtain(ref, all_stores, platform)
     st, dig = hit
     # Held, never closed: rmi and prune leave the image alone while the
     # launcher (and the sandbox it waits for) lives.
@@ -454,9 +450,9 @@ def prepare(spec):
     # The plan takes Env and WorkingDir from here rather than parsing the
     # bundle's config.json again (which says the same: both come from conf).
     if apply_config(spec, conf, ref.canonical(), "IMAGE"):
-        from .runimage import apply_user
         apply_user(spec, conf, spec.image_fd)
     st.touch(dig)
+    return True
 
 
 def apply_config(spec, conf, image, usage):
@@ -489,3 +485,29 @@ def run_config(st, dig):
     from .config import parse
     return parse(st.read_blob(rec["config"]))
 
+
+
+def apply_user(spec, conf, rootfd):
+    """The image's User where the sandbox can represent it: real root in
+    the host user namespace (the --user path); elsewhere a note."""
+    if os.geteuid() == 0 and spec.userns in ("auto", "host"):
+        spec.user = resolve_user(conf, rootfd)
+        spec.user_by_image = True
+        spec.userns = "host"
+        return
+    note_user(conf)
+
+
+def resolve_user(conf, rootfd):
+    """The image's User as uid, gid and groups, looked up in the image's
+    /etc/passwd and /etc/group, read inside the root `rootfd`."""
+    from ..linux import sys as k
+    from . import config as cfgmod
+    return cfgmod.resolve_user(conf, rootfd, lambda p, lim: k.read_in_root(rootfd, p, lim))
+
+
+def note_user(conf):
+    import sys
+    sys.stderr.write(f"gpusandbox: note: the image's User {conf.user[:60]!r} is not applied "
+                     "(rootless or in a user namespace); the command runs as you "
+                     "(--root for uid 0)\n")

@@ -17,6 +17,7 @@ import pytest
 
 from gpusandbox.image import archive, ref as refmod, runrec, store as storemod
 from gpusandbox.image import config as cfgmod
+from gpusandbox.image.pull import pull
 from tests.unit import image_fixtures as fx
 from tests.unit.test_image_store import _test_apply
 
@@ -120,7 +121,7 @@ def cached(tmp_path, monkeypatch):
                                 Entrypoint=["/bin/sh"], Cmd=["-c", "x"], WorkingDir="/srv")
     lay = fx.write_layout(str(tmp_path / "lay"), [("v1", man, blobs)])
     st = storemod.Store(str(tmp_path / "s"))
-    st.pull(archive.OciLayoutSource(lay, "v1"), ["docker.io/library/fast:1"])
+    pull(st, archive.OciLayoutSource(lay, "v1"), ["docker.io/library/fast:1"])
     return st, fx.sha(man)
 
 

@@ -15,6 +15,7 @@ import pytest
 from gpusandbox.image import layers as layersmod
 from gpusandbox.image import store as storemod
 from gpusandbox.image import unpack
+from gpusandbox.image.pull import pull
 
 TAR = "application/vnd.oci.image.layer.v1.tar"
 
@@ -172,7 +173,7 @@ def _pull_child(root, lay, tag, log, go):
     go.wait()
     st = storemod.Store(root)
     try:
-        st.pull(archive.OciLayoutSource(lay, tag), [f"img:{tag}"])
+        pull(st, archive.OciLayoutSource(lay, tag), [f"img:{tag}"])
     except BaseException:
         os._exit(1)
     with open(log, "a") as fh:

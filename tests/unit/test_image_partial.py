@@ -7,6 +7,7 @@ import pytest
 
 from gpusandbox.image import partial, store as storemod
 from gpusandbox.image.digest import ImageError
+from gpusandbox.image.storegc import prune
 
 DATA = os.urandom(3000)
 DESC = {"digest": "sha256:" + hashlib.sha256(DATA).hexdigest(), "size": len(DATA)}
@@ -120,7 +121,7 @@ def test_clean_staging_keeps_partials_prune_removes_them(st):
     _seed(st, DATA[:1000])
     st.clean_staging()
     assert os.path.exists(_part(st))
-    st.prune()
+    prune(st)
     assert not os.path.exists(_part(st))
 
 

@@ -10,7 +10,7 @@ import sys
 import gpusandbox.image as pkg
 from gpusandbox.image import config as cfgmod, digest, manifest as mf, ref, runimage, runrec
 from gpusandbox.image import storeread
-from gpusandbox.image.store import Store
+from gpusandbox.image.store import Store, writable
 from gpusandbox.image.storeread import StoreReader
 from tests.unit.test_image_fastrun import REPO, cached  # noqa: F401
 
@@ -45,20 +45,22 @@ def test_a_lookup_creates_nothing_and_a_write_opens_the_writer(tmp_path):
     assert type(all_stores[0]) is StoreReader
     assert runimage.find(ref.parse("x:1"), all_stores) is None
     assert os.listdir(root) == []
-    w = all_stores.writable()
-    assert isinstance(w, Store) and all_stores.writable() is w
+    w = writable(all_stores)
+    assert isinstance(w, Store) and writable(all_stores) is w
     assert sorted(os.listdir(root)) == ["blobs", "images", "layers", "locks", "refs", "tmp"]
 
 
 def test_the_moved_helpers_are_the_same_functions():
-    assert cfgmod.command is runrec.command and cfgmod.check_platform is runrec.check_platform
-    assert mf.host_platform is runrec.host_platform
+    assert cfgmod.command is runrec.command is pkg.command
+    assert cfgmod.check_platform is runrec.check_platform is pkg.check_platform
+    assert mf.host_platform is runrec.host_platform is pkg.host_platform
+    assert mf.format_platform is pkg.format_platform
     assert mf.host_platform()["os"] == "linux"
     # one implementation each, under the old names too
     assert ref.parse is pkg.parse_ref and ref.parse_name is pkg.parse_name
     assert ref.ImageRef is pkg.ImageRef and ref.ImageError is digest.ImageError is pkg.ImageError
     assert digest.parse is pkg.parse_digest and digest.validate is pkg.validate_digest
-    assert runimage.prepare is storeread.prepare and runimage.find is storeread.find
+    assert runimage.find is storeread.find and runimage.apply_user is storeread.apply_user
     assert runimage.stores is storeread.stores and runimage._run_config is storeread.run_config
     assert runimage._store_name is pkg.store_name
 

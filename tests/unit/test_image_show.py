@@ -8,6 +8,7 @@ import pytest
 
 from gpusandbox.image import archive, store as storemod
 from gpusandbox.image.cli import main_images, main_inspect
+from gpusandbox.image.pull import pull
 from gpusandbox.image.sizes import human
 from tests.unit import image_fixtures as fx
 
@@ -29,7 +30,7 @@ def store(tmp_path):
         WorkingDir="/srv", ExposedPorts={"80/tcp": {}})
     lay = fx.write_layout(str(tmp_path / "lay"), [("v1", man, blobs)])
     st = storemod.Store(str(tmp_path / "s"))
-    st.pull(archive.OciLayoutSource(lay, "v1"), ["docker.io/library/demo:1"])
+    pull(st, archive.OciLayoutSource(lay, "v1"), ["docker.io/library/demo:1"])
     return st, fx.sha(man), sum(d["size"] for d in json.loads(man)["layers"])
 
 
@@ -42,15 +43,18 @@ def test_images_shows_unpacked_and_compressed_sizes_for_people(store, capsys):
     st, dig, compressed = store
     text = _out(capsys, main_images, ["--store", st.root])
     header, row = text.splitlines()
-    assert header.split()[:6] == ["REFERENCE", "DIGEST", "CREATED", "SIZE", "COMPRESSED", "LAST"]
+    assert header.split()[:7] == ["REFERENCE", "DIGEST", "CREATED", "SIZE", "SHARED",
+                                  "UNIQUE", "LAST"]
     cols = row.split("  ")
     cols = [c.strip() for c in cols if c.strip()]
     assert cols[0] == "docker.io/library/demo:1" and cols[1] == dig[:19]
     assert cols[3] == "2.0 MB"                   # 2,005,000 bytes of files
-    assert cols[4] == human(compressed) and cols[4].endswith(" kB")
+    assert cols[4] == "0 B"                      # no other image shares a layer
+    assert cols[5].endswith(" MB")               # its layers on disk, each once
     assert str(compressed) not in text
     rows = json.loads(_out(capsys, main_images, ["--store", st.root, "--json"]))
     assert rows[0]["size"] == compressed and rows[0]["unpacked_size"] == 2_005_000
+    assert rows[0]["shared_size"] == 0 and rows[0]["unique_size"] >= 2_005_000
 
 
 def test_images_of_an_older_pull_shows_no_unpacked_size(store, capsys):

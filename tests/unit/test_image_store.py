@@ -20,6 +20,8 @@ import pytest
 
 from gpusandbox.image import archive, store as storemod
 from gpusandbox.image.digest import ImageError
+from gpusandbox.image.pull import pull
+from gpusandbox.image.storegc import prune, rmi
 from tests.unit import image_fixtures as fx
 
 
@@ -83,7 +85,7 @@ def layout(tmp_path):
 def test_pull_publishes_image_and_ref(tmp_path, layout):
     lay, man, blobs = layout
     st = storemod.Store(str(tmp_path / "s"))
-    rec = st.pull(archive.OciLayoutSource(lay, "v1"), [f"oci:{lay}:v1"])
+    rec = pull(st, archive.OciLayoutSource(lay, "v1"), [f"oci:{lay}:v1"])
     dig = fx.sha(man)
     assert rec["digest"] == dig and len(rec["layers"]) == 2
     assert st.get_ref(f"oci:{lay}:v1") == dig
@@ -91,14 +93,17 @@ def test_pull_publishes_image_and_ref(tmp_path, layout):
     assert open(b + "/rootfs/etc/os-release").read() == "ID=test\n"
     conf = json.load(open(b + "/config.json"))
     assert conf["process"]["env"] == ["A=1"] and conf["process"]["cwd"] == "/srv"
-    for d in blobs:
-        assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
+    # The manifest and config stay; the compressed layers went once unpacked.
+    conf_d = json.loads(man)["config"]["digest"]
+    assert open(st.root + "/" + st.blob_path(conf_d), "rb").read() == blobs[conf_d]
+    assert sorted(os.listdir(st.root + "/blobs/sha256")) == sorted([dig[7:], conf_d[7:]])
+    assert not st.keeps_blobs(dig)
     assert stat.S_IMODE(os.stat(st.root).st_mode) == 0o700
     assert os.listdir(st.root + "/tmp") == []
     assert not [n for n in os.listdir(st.root + "/locks") if n.startswith("owner-")]
     # a second pull finds it complete and fetches nothing
     log = str(tmp_path / "log")
-    st.pull(Counting(archive.OciLayoutSource(lay, "v1"), log), ["other:1"])
+    pull(st, Counting(archive.OciLayoutSource(lay, "v1"), log), ["other:1"])
     assert not os.path.exists(log)
     assert sorted(n for n, _ in st.refs()) == sorted([f"oci:{lay}:v1", "other:1"])
 
@@ -109,9 +114,9 @@ def test_shared_layers_fetched_once(tmp_path):
     man2, b2 = fx.build_image([base, {"b": b"2"}])
     lay = fx.write_layout(str(tmp_path / "lay"), [("one", man1, b1), ("two", man2, b2)])
     st = storemod.Store(str(tmp_path / "s"))
-    st.pull(archive.OciLayoutSource(lay, "one"), ["one"])
+    pull(st, archive.OciLayoutSource(lay, "one"), ["one"])
     log = str(tmp_path / "log")
-    st.pull(Counting(archive.OciLayoutSource(lay, "two"), log), ["two"])
+    pull(st, Counting(archive.OciLayoutSource(lay, "two"), log), ["two"])
     fetched = open(log).read().split()
     shared = json.loads(man1)["layers"][0]["digest"]
     assert shared not in fetched and len(fetched) == 2     # new layer + config
@@ -130,7 +135,7 @@ def test_diff_id_mismatch_publishes_nothing(tmp_path):
     lay = fx.write_layout(str(tmp_path / "lay"), [(None, man, blobs)])
     st = storemod.Store(str(tmp_path / "s"))
     with pytest.raises(ImageError, match="diff_id"):
-        st.pull(archive.OciLayoutSource(lay), ["x"])
+        pull(st, archive.OciLayoutSource(lay), ["x"])
     assert st.image_digests() == [] and st.refs() == []
     assert os.listdir(st.root + "/tmp") == [] and os.listdir(st.root + "/images") == []
     assert os.listdir(st.root + "/blobs/sha256") == []   # the bad pull's blobs went too
@@ -141,7 +146,7 @@ def test_foreign_arch_refused(tmp_path):
     lay = fx.write_layout(str(tmp_path / "lay"), [(None, man, blobs)])
     st = storemod.Store(str(tmp_path / "s"))
     with pytest.raises(ImageError, match="the image is for linux/s390x"):
-        st.pull(archive.OciLayoutSource(lay), ["x"],
+        pull(st, archive.OciLayoutSource(lay), ["x"],
                 platform={"os": "linux", "architecture": "amd64"})
     assert st.image_digests() == []
 
@@ -149,34 +154,38 @@ def test_foreign_arch_refused(tmp_path):
 def test_rmi_and_prune(tmp_path, layout):
     lay, man, blobs = layout
     st = storemod.Store(str(tmp_path / "s"))
-    st.pull(archive.OciLayoutSource(lay, "v1"), ["docker.io/library/a:1",
+    pull(st, archive.OciLayoutSource(lay, "v1"), ["docker.io/library/a:1",
                                                   "docker.io/library/b:1"])
     dig = fx.sha(man)
     # make a directory the image made read-only: removal still works
     os.chmod(st.bundle(dig) + "/rootfs/etc", 0o555)
-    assert st.rmi(["docker.io/library/a:1"]) == [("docker.io/library/a:1", dig)]
+    assert rmi(st, ["docker.io/library/a:1"]) == [("docker.io/library/a:1", dig)]
     assert st.has_image(dig)            # b:1 still names it
     with pytest.raises(ImageError, match="no image"):
-        st.rmi(["nope:1"])
-    assert st.rmi([dig]) == [("docker.io/library/b:1", dig)]
+        rmi(st, ["nope:1"])
+    assert rmi(st, [dig]) == [("docker.io/library/b:1", dig)]
     assert not st.has_image(dig) and st.refs() == []
-    n_img, n_blob, _ = st.prune()
-    assert (n_img, n_blob) == (0, len(blobs))
+    # rmi freed it all: no blob or layer is left for prune
     assert os.listdir(st.root + "/blobs/sha256") == []
+    assert os.listdir(st.root + "/layers") == []
+    n_img, n_blob, _ = prune(st)
+    assert (n_img, n_blob) == (0, 0)
     assert os.listdir(st.root + "/locks") == ["gc"]
 
 
 def test_prune_keeps_named_removes_unnamed(tmp_path, layout):
     lay, man, blobs = layout
     st = storemod.Store(str(tmp_path / "s"))
-    st.pull(archive.OciLayoutSource(lay, "v1"), ["keep:1"])
+    pull(st, archive.OciLayoutSource(lay, "v1"), ["keep:1"])
     man2, b2 = fx.build_image([{"x": b"x"}])
     lay2 = fx.write_layout(str(tmp_path / "lay2"), [(None, man2, b2)])
-    st.pull(archive.OciLayoutSource(lay2), [])
+    pull(st, archive.OciLayoutSource(lay2), [])
     assert len(st.image_digests()) == 2
-    assert st.prune()[:2] == (1, len(b2))
+    assert prune(st)[:2] == (1, 2)          # its manifest and config
     assert st.image_digests() == [fx.sha(man)]
-    assert sorted(os.listdir(st.root + "/blobs/sha256")) == sorted(d[7:] for d in blobs)
+    conf_d = json.loads(man)["config"]["digest"]
+    assert sorted(os.listdir(st.root + "/blobs/sha256")) == sorted([fx.sha(man)[7:],
+                                                                     conf_d[7:]])
 
 
 def test_ref_names_escaped():
@@ -189,7 +198,7 @@ def test_ref_names_escaped():
 def _pull_child(root, lay, log, go):
     go.wait()                       # all start together: a cold store, 32 pulls
     st = storemod.Store(root)
-    st.pull(Counting(archive.OciLayoutSource(lay, "v1"), log), ["same:1"])
+    pull(st, Counting(archive.OciLayoutSource(lay, "v1"), log), ["same:1"])
     os._exit(0)
 
 
@@ -214,7 +223,7 @@ def test_32_concurrent_pulls_fetch_each_blob_once(tmp_path, layout):
 
 def _killed_child(root, lay, wfd):
     os.environ["GSBX_TEST_APPLY_GATE"] = str(wfd)
-    storemod.Store(root).pull(archive.OciLayoutSource(lay, "v1"), ["k:1"])
+    pull(storemod.Store(root), archive.OciLayoutSource(lay, "v1"), ["k:1"])
     os._exit(0)
 
 
@@ -233,11 +242,11 @@ def test_pull_killed_mid_layer(tmp_path):
     os.kill(p.pid, signal.SIGKILL)
     p.join()
     assert st.image_digests() == [] and st.get_ref("k:1") is None
-    rec = st.pull(archive.OciLayoutSource(lay, "v1"), ["k:1"])
+    rec = pull(st, archive.OciLayoutSource(lay, "v1"), ["k:1"])
     assert rec["digest"] == fx.sha(man)
     assert os.listdir(root + "/tmp") == []  # the dead pull's staging is gone
     assert open(st.bundle(rec["digest"]) + "/rootfs/b").read() == "2"
-    st.prune()    # the killed pull's owner file goes too
+    prune(st)    # the killed pull's owner file goes too
     assert not [n for n in os.listdir(root + "/locks") if n.startswith("owner-")]
 
 
@@ -278,22 +287,26 @@ class Restarting:
 def test_blob_restarted_by_source(tmp_path, layout):
     lay, man, blobs = layout
     st = storemod.Store(str(tmp_path / "s"))
-    rec = st.pull(Restarting(archive.OciLayoutSource(lay, "v1")), ["r:1"])
-    assert rec["digest"] == fx.sha(man)
+    rec = pull(st, Restarting(archive.OciLayoutSource(lay, "v1")), ["r:1"], keep_blobs=True)
+    assert rec["digest"] == fx.sha(man) and st.keeps_blobs(rec["digest"])
     for d in blobs:
         assert open(st.root + "/" + st.blob_path(d), "rb").read() == blobs[d]
 
 
 def test_lookup_creates_no_store(tmp_path, monkeypatch):
     """`run NAME`, images and inspect only look: no store appears in $HOME."""
-    from gpusandbox.image import ref as refmod, runimage
+    from gpusandbox.image import runimage
     monkeypatch.delenv("GPUSANDBOX_STORE", raising=False)
     monkeypatch.delenv("GPUSANDBOX_SITE_STORE", raising=False)
     env = {"HOME": str(tmp_path), "XDG_DATA_HOME": ""}
     all_stores = runimage.stores(None, env)
     assert all_stores.root == str(tmp_path / ".local/share/gpusandbox/store")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", "")
+    monkeypatch.chdir(tmp_path)
+    spec = types.SimpleNamespace(rootfs_mode="ro", image="ubuntu", platform=None, store=None)
     with pytest.raises(ImageError, match="image not found"):
-        runimage.obtain(refmod.parse("ubuntu"), all_stores)
+        runimage.prepare(spec)
     assert os.listdir(tmp_path) == []
 
 
@@ -301,16 +314,16 @@ def test_prune_and_rmi_keep_an_image_held(tmp_path, layout):
     lay, man, blobs = layout
     st = storemod.Store(str(tmp_path / "s"))
     dig = fx.sha(man)
-    st.pull(archive.OciLayoutSource(lay, "v1"), ["x:1"])
+    pull(st, archive.OciLayoutSource(lay, "v1"), ["x:1"])
     fd = storemod.Store(st.root).hold(dig)        # a running sandbox
     with pytest.raises(ImageError, match="in use"):
-        st.rmi(["x:1", "nope:2"][:1])
+        rmi(st, ["x:1", "nope:2"][:1])
     assert st.get_ref("x:1") == dig               # all or nothing
     with pytest.raises(ImageError, match="no image 'nope:2'"):
-        st.rmi(["x:1", "nope:2"])
+        rmi(st, ["x:1", "nope:2"])
     assert st.get_ref("x:1") == dig
     st.remove_ref("x:1")
-    assert st.prune()[:2] == (0, 0) and st.has_image(dig)
+    assert prune(st)[:2] == (0, 0) and st.has_image(dig)
     with pytest.raises(ImageError, match="is being removed"):
         fd2 = st.try_exclusive(dig)
         assert fd2 is None
@@ -321,4 +334,4 @@ def test_prune_and_rmi_keep_an_image_held(tmp_path, layout):
             storemod.Store(st.root).hold(dig)
         finally:
             os.close(held)
-    assert st.prune()[:2] == (1, len(blobs))
+    assert prune(st)[:2] == (1, 2)          # its manifest and config
