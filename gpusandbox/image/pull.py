@@ -23,9 +23,23 @@ def pull(st, source, names=None, platform=None, asked=False, progress=None):
     it: `names` is a list of refs or a function of the source giving one
     (a docker-archive's names are known after its manifest is read); the
     refs are written under the gc lock, so no prune sees the image
-    unnamed.  Returns its image record."""
+    unnamed.  Returns its image record.  A full store is one line naming
+    the store and the space needed (diskfull.py)."""
+    seen = {}
+    try:
+        return _pull(st, source, names, platform, asked, progress, seen)
+    except OSError as e:
+        from .diskfull import full_error
+        err = full_error(st, e, seen.get("manifest"))
+        if err is None:
+            raise
+        raise err from None
+
+
+def _pull(st, source, names, platform, asked, progress, seen):
     want = platform or mf.host_platform()
     dig, man, raw = source.manifest(want)
+    seen["manifest"] = man
     h = digestmod.hasher(dig)
     h.update(raw)
     if f"{dig.partition(':')[0]}:{h.hexdigest()}" != dig:
