@@ -58,20 +58,33 @@ _COMMANDS = {
 }
 
 
-def _report_cmd(modname, func, argv):
+def _report_cmd(modname, func, argv, cmd):
+    """Run a subcommand: whatever it raises that a user can cause ends as
+    one line and an exit code, never a traceback: a SandboxError as it says,
+    an OSError that escaped (one line with the real path, 125), SIGINT and
+    SIGTERM (130, 143; the clean-ups ran while the exception unwound)."""
     import importlib
-    from .errors import SandboxError, message
-    mod = importlib.import_module(modname)
+    from .errors import EXIT_LAUNCHER, SandboxError, interrupted, message, os_error, \
+        quiet_signals
     try:
+        mod = importlib.import_module(modname)
         return getattr(mod, func)(argv)
     except SandboxError as e:
-        # One line, never a traceback, whichever command raised it.
-        sys.stderr.write(message(e))
-        return e.code
+        err = e
+    except KeyboardInterrupt as e:
+        quiet_signals()
+        err = interrupted(e, cmd)
+    except OSError as e:
+        err = os_error(cmd, e)
+        err.code = EXIT_LAUNCHER
+    sys.stderr.write(message(err))
+    return err.code
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    from .errors import catch_signals
+    catch_signals()
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return 0 if argv else 125
@@ -86,7 +99,7 @@ def main(argv=None):
         import os
         os._exit(code)
     if cmd in _COMMANDS:
-        return _report_cmd(*_COMMANDS[cmd], rest)
+        return _report_cmd(*_COMMANDS[cmd], rest, cmd)
     if cmd == "oci":
         from .oci.runtime.cli import main as oci_main
         return oci_main(rest)

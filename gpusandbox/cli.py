@@ -330,6 +330,7 @@ def report(err, out=None):
 
 
 def main_run(argv):
+    spec = None
     try:
         spec = parse_run_args(argv)
         if spec is None:
@@ -353,9 +354,17 @@ def main_run(argv):
     except SandboxError as e:
         report(e)
         return e.code
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:
+        # SIGINT/SIGTERM before the launch forwards them (while an image is
+        # pulled, say): the clean-ups ran as the exception unwound.
+        from .errors import RESUME_HINT, interrupted, quiet_signals
+        quiet_signals()
+        err = interrupted(e, "run", RESUME_HINT if spec is not None and spec.image_ref
+                          else None)
+        report(err)
+        return err.code
     except OSError as e:
         # Last resort: an OSError that escaped a stage still gets one line.
-        report(SandboxError(str(e.strerror or e), e.filename))
+        from .errors import os_error
+        report(os_error("run", e))
         return EXIT_LAUNCHER

@@ -50,7 +50,14 @@ def _read_doc(f, what, limit=mf.MAX_DOC):
     return raw
 
 
-def _choose(index, tag, platform, what, load):
+def _tags(ms):
+    """The tags (ref.name annotations) of an OCI index's entries, sorted."""
+    return sorted({d["annotations"][REF_NAME] for d in ms
+                   if isinstance(d.get("annotations"), dict)
+                   and isinstance(d["annotations"].get(REF_NAME), str)})
+
+
+def _choose(index, tag, platform, what, load, spelled=None):
     """Manifest (digest, dict, raw) for `tag` (or the only image) in an OCI
     index; `load(desc)` returns a blob's bytes (bounded)."""
     ms = index.get("manifests")
@@ -62,9 +69,7 @@ def _choose(index, tag, platform, what, load):
         found = [d for d in ms if isinstance(d.get("annotations"), dict)
                  and d["annotations"].get(REF_NAME) == tag]
         if not found:
-            names = sorted({d["annotations"][REF_NAME] for d in ms
-                            if isinstance(d.get("annotations"), dict)
-                            and isinstance(d["annotations"].get(REF_NAME), str)})
+            names = _tags(ms)
             raise ImageError(f"{what}: no image tagged {tag!r}",
                              "tags: " + (", ".join(names)[:200] or "none"), None)
         desc = found[0]
@@ -72,6 +77,14 @@ def _choose(index, tag, platform, what, load):
         desc = ms[0]
     else:
         desc = None
+        names = _tags(ms)
+        if len(names) > 1:
+            # Several images, each its tag (skopeo/umoci copy ...:TAG into
+            # one layout): the platform cannot choose between them.
+            raise ImageError(f"{what} holds {len(names)} tagged images: name one",
+                             "tags: " + ", ".join(names)[:200],
+                             f"add :TAG, e.g. {spelled}:{names[0]}" if spelled
+                             else "add :TAG")
     for _ in range(3):              # layout index -> image index -> manifest
         if desc is None:
             desc = mf.select(index, platform, what)
@@ -85,6 +98,8 @@ def _choose(index, tag, platform, what, load):
 
 class OciLayoutSource:
     """An OCI image layout directory (oci:DIR[:TAG])."""
+
+    transport = "oci"
 
     def __init__(self, path, tag=None):
         self.path, self.tag = path, tag
@@ -116,7 +131,15 @@ class OciLayoutSource:
         try:
             if not stat.S_ISREG(os.fstat(pfd).st_mode):
                 raise ImageError(f"OCI layout {self.path}: {name} is not a regular file", None)
-            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+            try:
+                fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+            except OSError as e:
+                # the layout's path, not the /proc/self/fd/N it was reached by
+                # (umoci writes index.json 0600: another user cannot read it)
+                raise ImageError(f"OCI layout {self.path}: cannot read {name}",
+                                 f"{e.strerror}: {os.path.join(self.path, name)}",
+                                 "the layout's files must be readable by the user who "
+                                 "pulls it" if e.errno in (1, 13) else None) from None
         finally:
             os.close(pfd)
         return os.fdopen(fd, "rb")
@@ -138,7 +161,8 @@ class OciLayoutSource:
         return out.getvalue()
 
     def manifest(self, platform):
-        return _choose(self.index, self.tag, platform, f"OCI layout {self.path}", self._load)
+        return _choose(self.index, self.tag, platform, f"OCI layout {self.path}", self._load,
+                       f"{self.transport}:{self.path}")
 
     def blob(self, desc, out):
         with self._open(self._blob_name(desc)) as f:
@@ -193,6 +217,8 @@ class _Tar:
 
 class OciArchiveSource(OciLayoutSource):
     """A tar of an OCI image layout (oci-archive:FILE[:TAG])."""
+
+    transport = "oci-archive"
 
     def __init__(self, path, tag=None):
         self.path, self.tag, self.fd = path, tag, None

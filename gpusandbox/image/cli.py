@@ -7,12 +7,14 @@ import sys
 from . import manifest as mf
 from . import ref as refmod
 from .digest import ImageError
-from ..errors import UsageError
+from ..errors import RESUME_HINT, UsageError, interrupted, os_error, quiet_signals
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise UsageError(f"{self.prog}: {message}", None, f"run '{self.prog} --help'")
+        # "gpusandbox: error: pull: ...", not "gpusandbox: error: gpusandbox pull: ..."
+        raise UsageError(f"{self.prog.partition(' ')[2]}: {message}", None,
+                         f"run '{self.prog} --help'")
 
 
 def _parser(cmd, desc):
@@ -31,8 +33,8 @@ def _oserrors(fn):
         try:
             return fn(argv)
         except OSError as e:
-            raise ImageError(f"gpusandbox {fn.__name__[5:]}", f"{e.strerror or e}"
-                             + (f": {e.filename}" if e.filename else "")) from None
+            # the path as the user knows it, never /proc/self/fd/N
+            raise os_error(fn.__name__[5:], e, cls=ImageError) from None
     return wrapped
 
 
@@ -64,6 +66,22 @@ def pull_parser():
 @_oserrors
 def main_pull(argv):
     a = pull_parser().parse_args(argv)
+    stage = []
+    try:
+        return _pull(a, stage)
+    except KeyboardInterrupt as e:
+        # SIGINT/SIGTERM: the pull's clean-ups ran as this unwound (no
+        # staging left, no image or name published half-way); the bytes of
+        # a blob cut off mid-download stay for the next pull (partial.py).
+        quiet_signals()
+        if stage:
+            raise interrupted(e, f"pull -o {a.output}", "the image is in the store; "
+                              f"{a.output} was not written: run the same command "
+                              "again to write it") from None
+        raise interrupted(e, "pull", RESUME_HINT) from None
+
+
+def _pull(a, stage):
     if a.output:
         from . import sqshout
         sqshout.check_target(a.output)
@@ -88,6 +106,7 @@ def main_pull(argv):
         src.close()
     prog.finish()
     if a.output:
+        stage.append("squashfs")
         sqshout.write(st.fd, st.image_dir(rec["digest"]) + "/rootfs", a.output,
                       config=st.read_blob(rec["config"]), sealed=st.sealed(rec["digest"]),
                       progress=prog if prog.mode != "none" else None)

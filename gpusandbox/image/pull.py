@@ -32,9 +32,23 @@ def pull(st, source, names=None, platform=None, asked=False, progress=None,
     (a docker-archive's names are known after its manifest is read); the
     refs are written under the gc lock, so no prune sees the image
     unnamed.  `keep_blobs`: its compressed layers stay in the store.
-    Returns its image record."""
+    Returns its image record.  A full store is one line naming the store
+    and the space needed (diskfull.py)."""
+    seen = {}
+    try:
+        return _pull(st, source, names, platform, asked, progress, keep_blobs, seen)
+    except OSError as e:
+        from .diskfull import full_error
+        err = full_error(st, e, seen.get("manifest"))
+        if err is None:
+            raise
+        raise err from None
+
+
+def _pull(st, source, names, platform, asked, progress, keep_blobs, seen):
     want = platform or mf.host_platform()
     dig, man, raw = source.manifest(want)
+    seen["manifest"] = man
     h = digestmod.hasher(dig)
     h.update(raw)
     if f"{dig.partition(':')[0]}:{h.hexdigest()}" != dig:
@@ -210,6 +224,8 @@ def _unpack(st, dig, man, conf, progress):
             seal = layers.merge(st, conf.diff_ids, rootfd, os.geteuid() != 0)
         finally:
             os.close(rootfd)
+        from .testpause import pause
+        pause("pull-unpack")        # tests: an interrupt with the tree half-built
         size = sum(d["size"] for d in man["layers"])
         from .sizes import tree_usage
         # "size" is the compressed layers' (what a pull fetches), "unpacked"

@@ -28,7 +28,7 @@ from . import auth as authmod
 from . import digest as digestmod
 from .digest import ImageError
 from . import manifest as mf
-from .netutil import clean as _clean, is_loopback, origin as _origin
+from .netutil import clean as _clean, is_loopback, net_cause, origin as _origin
 from .netutil import retry_after as _retry_after
 
 MAX_MANIFEST = 4 << 20
@@ -224,7 +224,7 @@ class RegistrySource:
                                  ) from None
             except (requests.ConnectionError, requests.Timeout) as e:
                 if attempt >= self.retries:
-                    err = ImageError(f"cannot reach registry {self.host}", _clean(e, 160),
+                    err = ImageError(f"cannot reach registry {self.host}", net_cause(e),
                                      "check the host name, the network and https_proxy")
                     err.resumable = True
                     raise err from None

@@ -11,6 +11,8 @@ each failure path of the client.  The repository name picks the behaviour:
                   waits for `release` (a pull to kill mid-layer); later ones whole
                   (Range ignored: 200)
   hang-resume     as hang, then Range answered with 206
+  hang-manifest   the manifest request sets `manifest_asked` and waits for
+                  `release` before it is answered
   larger          Content-Length larger than the descriptor
   larger-unsized  no Content-Length, more bytes than the descriptor
   expire          the first token is refused on the blob (401 in mid-pull)
@@ -99,6 +101,7 @@ class Hostile:
         self.tokens = 0
         self.seen = []              # (server, path, headers) of every request
         self.half_sent = threading.Event()
+        self.manifest_asked = threading.Event()
         self.release = threading.Event()
         self.main = self._serve("127.0.0.1", self._main_handler, tls)
         self.other = self._serve("127.0.0.2", self._other_handler)
@@ -214,6 +217,9 @@ class Hostile:
             return self._send(h, 503, b"busy")
         if scen == "garbage":
             return self._send(h, 200, b"\x00garbage{{", ct)
+        if scen == "hang-manifest":
+            self.manifest_asked.set()
+            self.release.wait(120)
         if scen == "both":
             doc = dict(img.manifest, manifests=[])
             return self._send(h, 200, json.dumps(doc).encode(), ct)

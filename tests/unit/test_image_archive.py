@@ -38,9 +38,14 @@ def test_oci_layout_tags_and_blobs(tmp_path, image):
     assert archive.OciLayoutSource(lay, "v2").manifest(AMD64)[0] == fx.sha(man2)
     with pytest.raises(ImageError, match="no image tagged 'v3'"):
         archive.OciLayoutSource(lay, "v3").manifest(AMD64)
-    # two untagged images and no tag: chosen by platform, none matches
-    with pytest.raises(ImageError, match="no image for linux/amd64"):
+    # two tagged images and no tag: the tags are listed (issue 26)
+    with pytest.raises(ImageError, match="holds 2 tagged images") as e:
         archive.OciLayoutSource(lay, None).manifest(AMD64)
+    assert e.value.why == "tags: v1, v2" and e.value.hint == f"add :TAG, e.g. oci:{lay}:v1"
+    # two untagged images and no tag: chosen by platform, none matches
+    lay2 = fx.write_layout(str(tmp_path / "lay2"), [(None, man, blobs), (None, man2, blobs2)])
+    with pytest.raises(ImageError, match="no image for linux/amd64"):
+        archive.OciLayoutSource(lay2, None).manifest(AMD64)
 
 
 def test_oci_archive(tmp_path, image):

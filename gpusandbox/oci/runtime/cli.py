@@ -107,6 +107,8 @@ def _id(pos, cmd):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    from ...errors import catch_signals
+    catch_signals()
     log = Log()
     try:
         gopts = {}
@@ -148,6 +150,22 @@ def main(argv=None):
         log.error(e.line())
         sys.stderr.write(message(e))
         return 1 if e.code == 125 else e.code
+    except KeyboardInterrupt as e:
+        # SIGINT/SIGTERM to the runtime itself (not to a container it
+        # supervises, whose signals the launch forwards): one line, 130/143.
+        from ...errors import interrupted, message, quiet_signals
+        quiet_signals()
+        err = interrupted(e, "gpusandbox-oci")
+        log.error(err.line())
+        sys.stderr.write(message(err))
+        return err.code
+    except OSError as e:
+        # Last resort: an OSError no command turned into its own line.
+        from ...errors import message, os_error
+        err = os_error("gpusandbox-oci", e)
+        log.error(err.line())
+        sys.stderr.write(message(err))
+        return 1
 
 
 # The commands that read or write the state root: each checks it first
