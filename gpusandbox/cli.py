@@ -337,7 +337,7 @@ def main_run(argv):
             sys.stdout.write(RUN_HELP)
             return 0
         if os.environ.get("GPUSANDBOX_TEST_PAUSE"):
-            from .stages.channel import pause_hook_enabled
+            from .testhook import pause_hook_enabled
             if pause_hook_enabled():
                 spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
         if spec.image_ref:

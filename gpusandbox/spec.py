@@ -68,7 +68,7 @@ class RunSpec:
         "entrypoint", "platform", "store", "image_ref", "image_env", "image_fd",
         "image_dirs",
         # tests only: stop at a named setup stage (GPUSANDBOX_TEST_PAUSE, honoured
-        # only by the test suite's install: stages.channel.pause_hook_enabled)
+        # only by the test suite's install: testhook.pause_hook_enabled)
         "pause_at",
         # one-line notes of the parser for the user (a --gpus N that docker
         # would read as a count)

@@ -87,8 +87,8 @@ def _lock(f, timeout):
 def enable_test_hooks(venv):
     """The test install honours GPUSANDBOX_TEST_PAUSE (the kill -9 at each
     setup stage tests): a root-owned marker next to the installed package,
-    which no other install has (gpusandbox.stages.channel.pause_hook_enabled)."""
-    from gpusandbox.stages.channel import TEST_MARKER
+    which no other install has (gpusandbox.testhook.pause_hook_enabled)."""
+    from gpusandbox.testhook import TEST_MARKER
     for pkg in Path(venv).glob("lib/python3*/site-packages/gpusandbox"):
         marker = pkg / TEST_MARKER
         if not marker.exists():

@@ -224,7 +224,7 @@ def _unpack(st, dig, man, conf, progress):
             seal = layers.merge(st, conf.diff_ids, rootfd, os.geteuid() != 0)
         finally:
             os.close(rootfd)
-        from .testpause import pause
+        from ..testhook import pause
         pause("pull-unpack")        # tests: an interrupt with the tree half-built
         size = sum(d["size"] for d in man["layers"])
         from .sizes import tree_usage

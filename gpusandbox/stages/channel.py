@@ -38,32 +38,10 @@ def parse(buf):
     return int(parts[0]), parts[1], parts[2] or None, parts[3] or None
 
 
-# The test suite's install (tests/integration/conftest.py) puts this file
-# next to this module; no other install has it, and the source tree never
-# does (an editable install would otherwise carry it).
-TEST_MARKER = "_pause_hook_enabled"
-
-
-def pause_hook_enabled(pkg_dir=None):
-    """Whether GPUSANDBOX_TEST_PAUSE may be honoured: only in an install
-    holding TEST_MARKER as a regular file owned by root and writable by no one
-    else, so that a variable in a user's (or a job's) environment can never
-    freeze a real launch."""
-    import stat
-    pkg_dir = pkg_dir or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        st = os.lstat(os.path.join(pkg_dir, TEST_MARKER))
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
-
-
 def pause_point(plan, name):
     """Test hook: GPUSANDBOX_TEST_PAUSE=<name> stops this stage so a test can
     SIGKILL the launcher there and check that nothing is left behind.  Only in
     the test suite's install (pause_hook_enabled)."""
     if plan.spec.pause_at == name:
-        os.write(2, f"gpusandbox: paused at {name}\n".encode())
-        import _signal
-        while True:
-            _signal.pause()
+        from ..testhook import stop
+        stop(name)

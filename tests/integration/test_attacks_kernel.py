@@ -296,7 +296,7 @@ def test_sys_has_no_kernel_interfaces_and_no_host_cgroups(runner, rootfs):
 
 def test_pause_variable_is_ignored_outside_the_test_install(rootfs, cli):
     import sys
-    from gpusandbox.stages.channel import TEST_MARKER
+    from gpusandbox.testhook import TEST_MARKER
     assert not (REPO / "gpusandbox" / TEST_MARKER).exists()
     # The project's own (editable) install, as any user's install would be.
     r = subprocess.run([sys.executable, "-m", "gpusandbox", "run", str(rootfs), "echo", "RAN"],

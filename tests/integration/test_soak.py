@@ -41,7 +41,7 @@ def hookless_cli(cli, shared_tmp):
     """This tree's CLI as any install but the test one has it: the installed
     package without the hook's marker, beside an entry of its own (the
     script's directory comes first on sys.path)."""
-    from gpusandbox.stages.channel import TEST_MARKER
+    from gpusandbox.testhook import TEST_MARKER
     pkg = next(VENV.glob("lib/python3*/site-packages/gpusandbox"))
     shutil.copytree(pkg, shared_tmp / "gpusandbox",
                     ignore=shutil.ignore_patterns(TEST_MARKER, "__pycache__"))

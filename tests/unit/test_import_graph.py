@@ -25,18 +25,6 @@ REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 SCRIPT = os.path.join(REPO, "scripts", "import-graph")
 
 PENDING = {
-    # image/: the package's __init__ reaches up to the manifest reader
-    ("image", "image.manifest"): "image/__init__.check_platform",
-    # Store's pull/rmi/prune wrappers
-    ("image.store", "image.pull"): "Store.pull",
-    ("image.store", "image.storegc"): "Store.rmi/prune",
-    # storeread <-> runimage/store (and through config/manifest: runrec <-> storeread)
-    ("image.storeread", "image.store"): "storeread -> store",
-    ("image.storeread", "image.runimage"): "storeread -> runimage",
-    ("image.storeread", "image.config"): "storeread -> config",
-    ("image.storeread", "image.manifest"): "storeread -> manifest",
-    # layers <-> storegc
-    ("image.storegc", "image.layers"): "storegc -> layers",
     # oci/
     ("oci.confighost", "oci.config"): "confighost <-> config",
     ("oci.runtime.execute", "oci.runtime.cli"): "runtime execute <-> cli",

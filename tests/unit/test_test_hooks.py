@@ -1,11 +1,11 @@
 """GPUSANDBOX_TEST_PAUSE is honoured only by an install carrying a root-owned,
-not group/other-writable marker (stages.channel.pause_hook_enabled)."""
+not group/other-writable marker (testhook.pause_hook_enabled)."""
 import os
 
 import pytest
 
 import gpusandbox
-from gpusandbox.stages.channel import TEST_MARKER, pause_hook_enabled
+from gpusandbox.testhook import TEST_MARKER, pause_hook_enabled
 
 
 def test_this_checkout_has_no_marker():
