@@ -329,11 +329,14 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         spec.user = (uid, gid)
     spec.net = "none" if flags & NS_FLAGS["network"] else "host"
     dev_rules = _resources(spec, linux)
-    # The plan sees no variable of the caller's: GPU selection reads only the
-    # config's NVIDIA_VISIBLE_DEVICES; the driver root is the caller's choice.
+    # The plan sees no variable of the caller's: the GPU request is the
+    # config's (gpu/request.py, as the wrapper, filter and hook read it);
+    # the driver root is the caller's choice.
     plan_env = {}
-    if dict(env).get("NVIDIA_VISIBLE_DEVICES"):
-        plan_env["NVIDIA_VISIBLE_DEVICES"] = dict(env)["NVIDIA_VISIBLE_DEVICES"]
+    from ..gpu.request import from_config
+    gpu_request = from_config(conf)
+    if not gpu_request.empty():
+        spec.gpu_request = gpu_request
         from ..settings import driver_roots
         spec.driver_root, spec.dev_root = driver_roots(host_env)
     x = OciExtras()
