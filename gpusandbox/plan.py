@@ -12,7 +12,7 @@ from .edits import ContainerEdits
 from .errors import SandboxError, UsageError
 from .imageroot import container_path, image_root, is_host_root, root_identity
 from .linux import sys as k
-from .plandev import _cdi, _devices, _gpu
+from .plandev import _devices, _gpu
 from .spec import names_squashfs
 
 STD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -321,7 +321,6 @@ def build(spec, host_env=None):
         image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)
     gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
-    gpu_env = {**gpu_env, **_cdi(plan, spec, rootfd, host_env)}
     _devices(plan, spec)
     passwd = k.read_in_root(rootfd, "/etc/passwd", 4 << 20)
     home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",

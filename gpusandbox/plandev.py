@@ -1,5 +1,5 @@
-"""The plan's devices: GPU discovery, selection and injection (only when a
-launch asks), CDI devices named with --device, and plain --device nodes.
+"""The plan's devices: GPU discovery, selection and injection and CDI
+devices (only when a launch's GpuRequest asks), and plain --device nodes.
 Part of the planner (plan.py): pure data, no syscalls beyond the stat and
 read calls discovery makes."""
 import os
@@ -9,31 +9,32 @@ from .errors import UsageError
 
 
 def _gpu(plan, spec, rootfd, req_env, host_env):
-    """GPU discovery, selection and injection, only when this launch asks.
+    """GPU discovery, selection and injection, and CDI devices, only when
+    this launch asks: its GpuRequest (gpu/request.py) is the door's own
+    (spec.gpu_request: a config.json's, for `gpusandbox-oci create`), else
+    parsed here from the options and the caller's environment (host_env).
 
-    Selection, discovery and injection read only the caller's environment
-    (host_env) and options.  req_env (the image's rows overridden by
+    Selection, discovery and injection read only the request and the
+    caller's environment.  req_env (the image's rows overridden by
     --env-file and -e, as the environment table has them) feeds only the
     requirement check, which can restrict or skip the image's own check but
     never chooses a host path."""
-    gpus = spec.gpus
-    if gpus is None and not host_env.get("NVIDIA_VISIBLE_DEVICES") \
-            and not host_env.get("SLURM_JOB_ID"):
-        return {}  # the plain launch: no GPU module is even imported
-    from .gpu import select
-    if gpus is None:
-        try:
-            from . import slurm
-            if slurm.in_gpu_step(host_env):
-                gpus = "auto"
-        except ImportError:
-            pass
-    if not select.needs_gpu(gpus, host_env):
-        return {}
-    from .gpu import discover, inject
+    req = spec.gpu_request
+    if req is None:
+        if spec.gpus is None and not spec.cdi_devices \
+                and not host_env.get("NVIDIA_VISIBLE_DEVICES") and not host_env.get("SLURM_JOB_ID"):
+            return {}  # the plain launch: no GPU module is even imported
+        from .gpu.request import from_caller
+        req = from_caller(spec.gpus, spec.gpu_caps, spec.cdi_devices, host_env)
+    env = _inject(plan, spec, rootfd, req, req_env, host_env) if req.devices is not None else {}
+    return {**env, **_cdi(plan, req.cdi, rootfd, host_env)}
+
+
+def _inject(plan, spec, rootfd, req, req_env, host_env):
+    from .gpu import discover, inject, select
     roots = driver_roots(spec, host_env)
     host = discover.discover(*roots, environ=host_env)
-    sel = select.resolve(gpus, spec.gpu_caps, host_env, host)
+    sel = select.for_request(req, host, host_env)
     if sel is None:
         return {}
     plan.gpu = sel
@@ -87,14 +88,16 @@ def driver_roots(spec, host_env):
     return root, spec.dev_root or dev
 
 
-def _cdi(plan, spec, rootfd, host_env):
-    """--device VENDOR/CLASS=NAME: CDI specs' edits (oci/cdi), imported only
-    when one is named.  Nodes come through the device filter by number, as
-    --device's do; a node GPU injection already gave is not added twice."""
-    if not spec.cdi_devices:
+def _cdi(plan, names, rootfd, host_env):
+    """The request's CDI devices (--device VENDOR/CLASS=NAME, a config's
+    cdi.k8s.io annotations, CDI names in NVIDIA_VISIBLE_DEVICES): CDI specs'
+    edits (oci/cdi), imported only when one is named.  Nodes come through the
+    device filter by number, as --device's do; a node GPU injection already
+    gave is not added twice."""
+    if not names:
         return {}
     from .oci.cdi.apply import resolve
-    res = resolve(spec.cdi_devices, rootfd=rootfd, environ=host_env)
+    res = resolve(list(names), rootfd=rootfd, environ=host_env)
     have = {(n.path, n.major, n.minor) for n in plan.edits.device_nodes}
     res.edits.device_nodes = [n for n in res.edits.device_nodes
                               if (n.path, n.major, n.minor) not in have]

@@ -59,7 +59,8 @@ class RunSpec:
         # process
         "workdir", "env_set", "env_files", "env_host", "tty", "verbose",
         # GPU and other devices
-        "devices", "cdi_devices", "gpus", "gpu_caps", "driver_root", "dev_root", "no_require",
+        "devices", "cdi_devices", "gpus", "gpu_caps", "gpu_request",
+        "driver_root", "dev_root", "no_require",
         # cgroup
         "cgroup_parent", "memory", "memory_swap", "pids_limit", "cpus", "best_effort",
         # security
@@ -104,6 +105,7 @@ class RunSpec:
         self.cdi_devices = []       # --device VENDOR/CLASS=NAME, in order
         self.gpus = None
         self.gpu_caps = None
+        self.gpu_request = None     # a door's own GpuRequest (gpu/request.py); None: from the above
         self.driver_root = None
         self.dev_root = None
         self.no_require = False

@@ -1,8 +1,8 @@
-"""GPU selection: --gpus / NVIDIA_VISIBLE_DEVICES / Slurm -> a Selection.
+"""GPU selection: a GpuRequest (gpu/request.py) resolved on a host -> a Selection.
 
-Every variable read here comes from the CALLER's environment (the one that
-ran gpusandbox), never from the image: an image's NVIDIA_VISIBLE_DEVICES=all
-must not widen what the host side granted.
+The request says what was asked and where it came from (the caller's
+--gpus / NVIDIA_VISIBLE_DEVICES / a Slurm step, or a config.json's
+process.env); this module only matches it against the host's devices.
 
 Selector items: "all", "none", "void", a GPU index, "GPU-<uuid>", a PCI bus
 id ("06:00.0", "0000:06:00.0", case-insensitive), a MIG pair "<gpu>:<gi>"
@@ -11,12 +11,8 @@ id ("06:00.0", "0000:06:00.0", case-insensitive), a MIG pair "<gpu>:<gi>"
 the legacy "MIG-GPU-<uuid>/<gi>/<ci>".
 """
 from gpusandbox.errors import GpuError, UsageError
-from gpusandbox.gpu.discover import CAPABILITIES
+from gpusandbox.gpu.request import SLURM, from_caller
 from gpusandbox.imagedata import isdigits
-
-DEFAULT_CAPS = ("compute", "utility")   # "utility,compute" in canonical order
-_VOID = ("", "void")
-
 
 class Selection:
     """What a launch gets.  gpus: whole GPUs (list of discover.Gpu);
@@ -25,7 +21,7 @@ class Selection:
     files, no GPU node); visible: the NVIDIA_VISIBLE_DEVICES value the
     sandbox sees; source: where the selector came from (for messages);
     mig_config / mig_monitor: whether the MIG config/monitor capability nodes
-    are granted (the caller set NVIDIA_MIG_CONFIG_DEVICES /
+    are granted (the request asked: NVIDIA_MIG_CONFIG_DEVICES /
     NVIDIA_MIG_MONITOR_DEVICES=all, as with the reference stack)."""
     __slots__ = ("gpus", "migs", "caps", "none", "visible", "source",
                  "mig_config", "mig_monitor")
@@ -51,34 +47,6 @@ class Selection:
         return f"Selection({self.visible!r} caps={','.join(self.caps)})"
 
 
-def needs_gpu(gpus_opt, environ):
-    """Whether a launch involves the GPU layer at all (no host access)."""
-    if gpus_opt is not None:
-        return gpus_opt.strip().lower() != "void"   # "" still fails later, in resolve
-    return (environ.get("NVIDIA_VISIBLE_DEVICES") or "").strip().lower() not in _VOID
-
-
-def parse_caps(caps_opt, environ):
-    """--gpu-caps or NVIDIA_DRIVER_CAPABILITIES -> tuple of capabilities."""
-    if caps_opt is not None:
-        value, err, src = caps_opt, UsageError, "--gpu-caps"
-    else:
-        value, err, src = environ.get("NVIDIA_DRIVER_CAPABILITIES"), GpuError, \
-            "NVIDIA_DRIVER_CAPABILITIES"
-    if value is None or not value.strip():
-        return DEFAULT_CAPS
-    asked = set()
-    for item in value.split(","):
-        item = item.strip().lower()
-        if item == "all":
-            return CAPABILITIES
-        if item not in CAPABILITIES:
-            raise err(f"{src} {value!r}", f"unknown capability {item!r}",
-                      hint="use all or a comma list of " + ", ".join(CAPABILITIES))
-        asked.add(item)
-    return tuple(c for c in CAPABILITIES if c in asked)
-
-
 def _auto(environ, host):
     try:
         from gpusandbox import slurm
@@ -90,34 +58,31 @@ def _auto(environ, host):
         return slurm.resolve_auto(environ, host) or "none", "slurm"
     for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         val = (environ.get(var) or "").strip()
-        if val.lower() not in _VOID:
+        if val.lower() not in ("", "void"):
             return val, var
     return "none", "--gpus auto"
 
 
 def resolve(gpus_opt, caps_opt, environ, host):
-    """The Selection for these options, or None when the launch has no GPU
-    support (no --gpus and NVIDIA_VISIBLE_DEVICES unset or void)."""
-    if gpus_opt is None:
-        value = environ.get("NVIDIA_VISIBLE_DEVICES")
-        if value is None or value.strip().lower() in _VOID:
-            return None
-        source, err = "NVIDIA_VISIBLE_DEVICES", GpuError
-    elif gpus_opt.strip().lower() == "auto":
-        value, source = _auto(environ, host)
+    """A caller's door in one call: the Selection for --gpus / --gpu-caps and
+    the caller's environment (request.from_caller), or None when the launch
+    has no GPU support."""
+    return for_request(from_caller(gpus_opt, caps_opt, (), environ), host, environ)
+
+
+def for_request(req, host, environ=None):
+    """The Selection of a GpuRequest on this host, or None when it asks for
+    no GPU support.  `environ` (the caller's) is read only to resolve
+    `--gpus auto` (a Slurm step's allocation)."""
+    if req.devices is None:
+        return None
+    value, source = req.devices, req.source.get("devices", "NVIDIA_VISIBLE_DEVICES")
+    err = UsageError if source == "--gpus" else GpuError
+    if source in ("--gpus", SLURM) and value.lower() == "auto":
+        value, source = _auto(environ or {}, host)
         err = GpuError
-    else:
-        from gpusandbox.gpu.selector import normalise
-        value, source, err = normalise(gpus_opt)[0], "--gpus", UsageError
-        if not value.strip():
-            raise UsageError("--gpus ''", "empty selector",
-                             hint="use --gpus all, none, or a list such as 0,1")
-        if value.strip().lower() == "void":
-            return None
-    caps = parse_caps(caps_opt, environ)
-    sel = _select(value, source, err, caps, host)
-    sel.mig_config = (environ.get("NVIDIA_MIG_CONFIG_DEVICES") or "").strip() == "all"
-    sel.mig_monitor = (environ.get("NVIDIA_MIG_MONITOR_DEVICES") or "").strip() == "all"
+    sel = _select(value, source, err, req.caps, host)
+    sel.mig_config, sel.mig_monitor = req.mig_config, req.mig_monitor
     return sel
 
 

@@ -5,9 +5,11 @@ seccomp program), for the same stages `gpusandbox run` uses.
 config.json comes from the runtime's caller (podman, containerd), who runs
 the runtime with its own privileges: it is read as data of the expected
 types, and what gpusandbox cannot honour is refused with one line rather
-than ignored.  GPUs come from NVIDIA_VISIBLE_DEVICES in process.env; which
-driver root serves them is the caller's choice (its environment or the
-settings files: gpusandbox.settings), never the config's.
+than ignored.  GPUs come from the config's GpuRequest (gpu/request.py:
+process.env's NVIDIA_* selection variables and cdi.k8s.io annotations, as the
+wrapper, filter and hook read them); which driver root serves them is the
+caller's choice (its environment or the settings files: gpusandbox.settings),
+never the config's.
 """
 import os
 import stat
@@ -329,13 +331,20 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         spec.user = (uid, gid)
     spec.net = "none" if flags & NS_FLAGS["network"] else "host"
     dev_rules = _resources(spec, linux)
-    # The plan sees no variable of the caller's: GPU selection reads only the
-    # config's NVIDIA_VISIBLE_DEVICES; the driver root is the caller's choice.
+    # The GPU request is the config's (gpu/request.py, as the wrapper, filter
+    # and hook read it); where the driver and the CDI specs are is the
+    # caller's choice: no other variable of the caller's reaches the plan.
     plan_env = {}
-    if dict(env).get("NVIDIA_VISIBLE_DEVICES"):
-        plan_env["NVIDIA_VISIBLE_DEVICES"] = dict(env)["NVIDIA_VISIBLE_DEVICES"]
+    from ..gpu.request import from_config
+    gpu_request = from_config(conf)
+    if not gpu_request.empty():
+        spec.gpu_request = gpu_request
         from ..settings import driver_roots
         spec.driver_root, spec.dev_root = driver_roots(host_env)
+        if gpu_request.cdi:
+            from .cdi.registry import ENV_DIRS
+            if host_env.get(ENV_DIRS):
+                plan_env[ENV_DIRS] = host_env[ENV_DIRS]
     x = OciExtras()
     x.mounts, x.sys_at = [], None
     for i, e in enumerate(_get(conf, "mounts", list, "mounts", [])):

@@ -19,30 +19,28 @@ What lives under /proc (the /proc/driver mask and the per-GPU proc entries)
 has no config.json form that runc accepts (it refuses mounts under /proc);
 the GPU works without them: NVML and CUDA read /dev and sysfs.
 
-Nothing from config.json decides a host path: the selection comes from the
-container's NVIDIA_VISIBLE_DEVICES (that is the interface), and the driver
-and dev roots from the settings (the caller's environment or the settings
-files: gpusandbox.settings).
+Nothing from config.json decides a host path: what the container asks for
+is its GpuRequest (gpu/request.py: process.env's NVIDIA_VISIBLE_DEVICES,
+NVIDIA_DRIVER_CAPABILITIES and MIG variables, cdi.k8s.io/* annotations; the
+one parser `gpusandbox-oci create` uses too), and the driver and dev roots
+come from the settings (the caller's environment or the settings files:
+gpusandbox.settings).
 The rootfs is only read, through read_in_root (openat2 RESOLVE_IN_ROOT).
 """
 import os
 
 from gpusandbox.errors import GpuError, UsageError
+from gpusandbox.gpu.request import CDI_ANNOTATION, from_config
+from gpusandbox.gpu.request import config_env as container_env
 
-# The container variables that select GPUs, the same ones `run` reads from
-# the caller: nothing else of the container's environment is looked at.
-SELECT_VARS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
-               "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES")
 # The toolkit's legacy prestart hook (nvidia-container-runtime adds it): it
 # would inject a second time, with the toolkit's own guards.
 LEGACY_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit")
-# The annotations whose values name CDI devices (cdi_requests).
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 # What the text of a config.json that `edit` acts on holds at least one of:
 # the variable that asks for GPUs, the CDI annotations' prefix and the
 # legacy hooks.  bin/gpusandbox-runtime greps for exactly these words
 # (tests/unit/test_sh_tables.py holds the two together).
-REQUEST_WORDS = ("NVIDIA_VISIBLE_DEVICES", CDI_ANNOTATION_PREFIX) + LEGACY_HOOKS
+REQUEST_WORDS = ("NVIDIA_VISIBLE_DEVICES", CDI_ANNOTATION) + LEGACY_HOOKS
 MAX_CONFIG = 16 << 20
 _RO = ["bind", "ro", "nosuid", "nodev"]
 
@@ -53,40 +51,6 @@ def host_roots(environ):
     files' driver-root / dev-root, else / and None (the driver root's /dev)."""
     from gpusandbox.settings import driver_roots
     return driver_roots(environ)
-
-
-def container_env(cfg):
-    """The selection variables of the config's process.env (last one wins, as
-    execve's consumers see it)."""
-    out = {}
-    proc = cfg.get("process") if isinstance(cfg, dict) else None
-    env = proc.get("env") if isinstance(proc, dict) else None
-    for item in env if isinstance(env, list) else ():
-        if isinstance(item, str):
-            k, eq, v = item.partition("=")
-            if eq and k in SELECT_VARS:
-                out[k] = v
-    return out
-
-
-def _is_cdi_name(item):
-    """vendor/class=name, as CDI qualifies a device."""
-    kind, eq, name = item.partition("=")
-    return bool(eq and name and "/" in kind)
-
-
-def cdi_requests(cfg):
-    """Fully-qualified CDI device names the container asks for: the values of
-    its `cdi.k8s.io/*` annotations, and NVIDIA_VISIBLE_DEVICES items of that
-    form (the toolkit's CDI mode)."""
-    names = []
-    ann = cfg.get("annotations")
-    for k, v in (ann.items() if isinstance(ann, dict) else ()):
-        if isinstance(k, str) and k.startswith(CDI_ANNOTATION_PREFIX) and isinstance(v, str):
-            names += [n.strip() for n in v.split(",") if n.strip()]
-    vis = container_env(cfg).get("NVIDIA_VISIBLE_DEVICES") or ""
-    names += [i.strip() for i in vis.split(",") if _is_cdi_name(i.strip())]
-    return list(dict.fromkeys(names))
 
 
 def resolve_cdi(names, rootfd=None, environ=None):
@@ -109,28 +73,10 @@ def resolve_cdi(names, rootfd=None, environ=None):
     return res.edits, list(getattr(res, "rules", ()))
 
 
-def wants_gpu(cfg):
-    v = container_env(cfg).get("NVIDIA_VISIBLE_DEVICES")
-    if v is None:
-        return False
-    items = [i.strip() for i in v.split(",") if i.strip()]
-    return bool(items) and v.strip().lower() != "void" and \
-        not all(_is_cdi_name(i) for i in items)
-
-
-def check_not_mixed(cfg):
-    """NVIDIA_VISIBLE_DEVICES holds CDI names or GPU selectors, not both."""
-    vis = container_env(cfg).get("NVIDIA_VISIBLE_DEVICES") or ""
-    items = [i.strip() for i in vis.split(",") if i.strip()]
-    if any(map(_is_cdi_name, items)) and not all(map(_is_cdi_name, items)):
-        raise UsageError(f"NVIDIA_VISIBLE_DEVICES={vis}", "mixes CDI names and GPU "
-                         "selectors", hint="use one form")
-
-
-def selection(cfg, host):
-    """The Selection the container's NVIDIA_VISIBLE_DEVICES asks for, or None."""
+def selection(req, host):
+    """The Selection a config's GpuRequest asks for, or None."""
     from gpusandbox.gpu import select
-    return select.resolve(None, None, container_env(cfg), host)
+    return select.for_request(req, host)
 
 
 def discover_host(environ):
@@ -318,8 +264,8 @@ def apply(cfg, edits, statedir, extra_rules=()):
     return cfg
 
 
-def memo_gpu_edits(cfg, environ, rootfd):
-    """gpu_edits for the container's selection (None: it selects none), from
+def memo_gpu_edits(cfg, req, environ, rootfd):
+    """gpu_edits for the container's request (None: it selects none), from
     the memo when an entry for exactly these inputs still holds (memo.py),
     else computed and stored."""
     from gpusandbox.oci import memo
@@ -332,7 +278,7 @@ def memo_gpu_edits(cfg, environ, rootfd):
         if hit is not memo.MISS:
             return hit
     host = discover_host(environ)
-    sel = selection(cfg, host)
+    sel = selection(req, host)
     edits = None if sel is None else gpu_edits(host, sel, rootfd)
     # The image read again: an entry is stored only for the inputs it was
     # computed from.
@@ -350,18 +296,16 @@ def edit(cfg, environ, statedir, bundle_fd=None):
     if not isinstance(cfg, dict):
         raise UsageError("config.json", "not a JSON object")
     dropped = drop_legacy_hooks(cfg)
-    cdi = cdi_requests(cfg)
-    gpu = wants_gpu(cfg)
-    if not (cdi or gpu):
+    req = from_config(cfg)
+    if req.empty():
         return cfg if dropped else None
-    check_not_mixed(cfg)
     rootfd = open_rootfs(cfg, bundle_fd)
     try:
-        if cdi:
-            edits, rules = resolve_cdi(cdi, rootfd, environ)
+        if req.cdi:
+            edits, rules = resolve_cdi(list(req.cdi), rootfd, environ)
             apply(cfg, edits, statedir, rules)
-        if gpu:
-            edits = memo_gpu_edits(cfg, environ, rootfd)
+        if req.devices is not None:
+            edits = memo_gpu_edits(cfg, req, environ, rootfd)
             if edits is not None:
                 apply(cfg, edits, statedir)
     finally:

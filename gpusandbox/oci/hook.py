@@ -155,16 +155,14 @@ def run(stage):
         cfg = _load_config(bfd)
     finally:
         os.close(bfd)
-    cdi = configedit.cdi_requests(cfg)
-    gpu = configedit.wants_gpu(cfg)
-    if not (cdi or gpu):
+    req = configedit.from_config(cfg)
+    if req.empty():
         return 0
-    configedit.check_not_mixed(cfg)
     sel = None
-    if gpu:
+    if req.devices is not None:
         host = configedit.discover_host(os.environ)
-        sel = configedit.selection(cfg, host)
-    if sel is None and not cdi:
+        sel = configedit.selection(req, host)
+    if sel is None and not req.cdi:
         return 0
     root = _root_path(cfg, bundle)
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -173,8 +171,8 @@ def run(stage):
         # NVIDIA_VISIBLE_DEVICES) through the consumer the wrapper uses; the
         # device rules it returns are the runtime's to apply, too late here.
         edits = ContainerEdits()
-        if cdi:
-            edits.extend(configedit.resolve_cdi(cdi, rootfd, os.environ)[0])
+        if req.cdi:
+            edits.extend(configedit.resolve_cdi(list(req.cdi), rootfd, os.environ)[0])
         if sel is not None:
             edits.extend(inject.build_edits(host, sel, rootfd))
     finally:

@@ -51,7 +51,8 @@ def test_translation(tmp_path):
     assert spec.rootfs_mode == "rw" and spec.net == "none"
     assert (spec.pids_limit, spec.memory) == ("99", str(1 << 30))
     # GPUs: the config's selection, the caller's driver root; nothing else of the caller's.
-    assert over["plan_env"] == {"NVIDIA_VISIBLE_DEVICES": "0"} and spec.driver_root == "/sim"
+    assert over["plan_env"] == {} and spec.driver_root == "/sim"
+    assert spec.gpu_request.devices == "0" and spec.gpu_request.caps == ("compute", "utility")
     assert [(m.destination, m.kind) for m in x.mounts] == [("/dev/mqueue", "fs"),
                                                            ("/data", "bind")]
     data = x.mounts[1]

@@ -22,17 +22,6 @@ def idx(sel):
     return [g.index for g in sel.gpus]
 
 
-def test_needs_gpu_without_touching_the_host():
-    assert select.needs_gpu(None, {}) is False
-    assert select.needs_gpu(None, {"NVIDIA_VISIBLE_DEVICES": "void"}) is False
-    assert select.needs_gpu(None, {"NVIDIA_VISIBLE_DEVICES": ""}) is False
-    assert select.needs_gpu(None, {"NVIDIA_VISIBLE_DEVICES": "none"}) is True
-    assert select.needs_gpu(None, {"NVIDIA_VISIBLE_DEVICES": "0"}) is True
-    assert select.needs_gpu("0", {}) is True
-    assert select.needs_gpu("none", {}) is True
-    assert select.needs_gpu("auto", {}) is True
-
-
 def test_no_selector_means_no_gpu_support(host):
     assert select.resolve(None, None, {}, host) is None
     assert select.resolve(None, None, {"NVIDIA_VISIBLE_DEVICES": "void"}, host) is None

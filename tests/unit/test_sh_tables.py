@@ -252,13 +252,8 @@ def test_the_runtime_sh_global_options_are_the_wrappers():
 
 def request_words():
     """The named table of the words a config.json that the GPU edit acts
-    on holds (wherever it lives: gpusandbox.gpu.request once that holds
-    the one parser, configedit before)."""
-    try:
-        from gpusandbox.gpu import request
-        return request.REQUEST_WORDS
-    except (ImportError, AttributeError):
-        return configedit.REQUEST_WORDS
+    on holds (configedit.REQUEST_WORDS)."""
+    return configedit.REQUEST_WORDS
 
 
 def sh_grep_words():
