@@ -49,6 +49,8 @@ def mount_points(plan):
         points.append((f.path, "file"))
     for b in plan.binds:
         points.append((b.dst, b.kind))
+    if plan.oci is not None:
+        points += [(mt.destination, mt.target_kind) for mt in plan.oci.mounts]
     points.append((plan.workdir, "dir"))
     points = [(p, k) for p, k in points if not p.startswith(OWN_FS) and p != "/"]
     links = [(ln.path, ln.target) for ln in plan.edits.symlinks
@@ -212,6 +214,11 @@ def _image_env(rootfs, config, rootfd=None):
 
 
 def _identity(plan, spec, host_env=None):
+    if spec.oci is not None:
+        # The config says every id, namespace and capability itself.
+        from .oci import configplan
+        configplan.identity(plan, spec.oci)
+        return
     real_root = os.geteuid() == 0
     plan.real_root = real_root
     uid, gid = os.geteuid(), os.getegid()
@@ -282,6 +289,7 @@ def _check_binds(spec):
 def build(spec, host_env=None):
     host_env = os.environ if host_env is None else host_env
     plan = LaunchPlan(spec)
+    plan.oci = spec.oci.extras if spec.oci is not None else None
     if spec.profile:
         from . import profile
         profile.apply(spec, plan.warnings)
@@ -323,11 +331,21 @@ def build(spec, host_env=None):
     gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
     gpu_env = {**gpu_env, **_cdi(plan, spec, rootfd, host_env)}
     _devices(plan, spec)
-    passwd = k.read_in_root(rootfd, "/etc/passwd", 4 << 20)
-    home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
-                              plan.cmd_uid)
-    term = host_env.get("TERM", "xterm") if spec.tty else None
-    plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term, user_env)
+    if spec.oci is not None:
+        from .oci import configplan
+        configplan.devices(plan, spec.oci)
+        # As runc: the config's variables only; HOME, when the config has
+        # none, from the container's passwd as the command finds it
+        # (stages/command.py), after the config's mounts.
+        home = None
+        plan.env = envmod.build(spec, host_env, image_env, gpu_env, None, None, user_env,
+                                defaults=False)
+    else:
+        passwd = k.read_in_root(rootfd, "/etc/passwd", 4 << 20)
+        home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
+                                  plan.cmd_uid)
+        term = host_env.get("TERM", "xterm") if spec.tty else None
+        plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term, user_env)
     if plan.forced_env:
         from .gpu.share import final_env
         final_env(plan.env, plan.forced_env)
@@ -338,10 +356,14 @@ def build(spec, host_env=None):
     # Container paths are normalised lexically here, so no `..` reaches the
     # init (where a `..` walk would start from the image on the host).
     plan.workdir = container_path(spec.workdir or image_cwd or "/")
-    plan.hostname = spec.hostname or "gpusandbox"
+    # No hostname in an OCI config: the new UTS namespace keeps the host's
+    # name, as runc leaves it.
+    plan.hostname = spec.hostname or ("gpusandbox" if spec.oci is None else os.uname().nodename)
     # Host-side choices (kept fds, binds) read the caller's environment only,
-    # never plan.env, which holds the image's rows.
-    plan.keep_fds = _job_fds(host_env)
+    # never plan.env, which holds the image's rows.  (An OCI config's
+    # descriptors: configplan.identity.)
+    if spec.oci is None:
+        plan.keep_fds = _job_fds(host_env)
     plan.binds = _job_binds(host_env) + spec.binds
     _normalise_paths(plan)
     if plan.host_root:
@@ -349,7 +371,11 @@ def build(spec, host_env=None):
         hostroot.finish(plan, spec, home, host_env)
     plan.points, plan.links = mount_points(plan)
     plan.dirs = sealed_dirs(plan)
-    if spec.seccomp != "unconfined":
+    if spec.oci is not None:
+        from .oci import configplan
+        plan.seccomp = configplan.seccomp(spec.oci)
+        configplan.premake(plan, spec.oci)
+    elif spec.seccomp != "unconfined":
         from .linux import seccomp
         plan.seccomp = seccomp.compile_profile(spec.seccomp)
     return plan
