@@ -20,6 +20,7 @@ from ..imageroot import container_path
 from ..spec import RunSpec
 from ..linux.host import NS_FLAGS, initial_userns
 from .confighost import _devices
+from .configfield import _bad, _get, _strs
 from .configplan import OciRequest
 from .configsysctl import sysctl_namespaced as _sysctl_namespaced
 
@@ -75,10 +76,6 @@ class OciExtras:
                  "premade")
 
 
-def _bad(path, why, hint=None):
-    return UsageError(f"OCI config {path}", why, hint)
-
-
 def read(bundle, path=None):
     """The bundle's config.json (or `path`) as a dict (size-bounded, a
     regular file)."""
@@ -102,21 +99,6 @@ def read(bundle, path=None):
     if not isinstance(conf, dict):
         raise _bad(path, "not a JSON object")
     return conf
-
-
-def _get(obj, key, typ, where, default=None):
-    v = obj.get(key) if isinstance(obj, dict) else None
-    if v is None:
-        return default
-    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-        raise _bad(where, f"{key} has the wrong type ({type(v).__name__})")
-    return v
-
-
-def _strs(v, where):
-    if not isinstance(v, list) or not all(isinstance(x, str) and "\0" not in x for x in v):
-        raise _bad(where, "must be a list of strings")
-    return v
 
 
 def _caps(names, where):

@@ -22,10 +22,10 @@ from ...stages import channel, command
 from ...stages.init import _open_pty
 from .. import config as ociconfig
 from . import state
+from .args import _one, _split, _truthy
 
 
 def _parse(rest):
-    from .cli import _one, _split, _truthy
     opts, pos = _split(rest, {"--process", "-p", "--console-socket", "--pid-file", "--cwd",
                               "--env", "-e", "--user", "-u", "--process-label", "--apparmor",
                               "--cap", "-c", "--preserve-fds", "--cgroup"},
@@ -100,7 +100,6 @@ def _plan(st, proc, rest_flags=()):
 
 
 def main_exec(root, rest, log):
-    from .cli import _one, _truthy
     cid, proc, opts = _parse(rest)
     st = state.load(root, cid)
     if state.status(st) not in ("running", "created"):
