@@ -111,7 +111,13 @@ def _job_binds(host_env):
 
 class LaunchPlan:
     __slots__ = ("spec", "rootfs", "rootfd", "root_id", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
-                 "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
+                 "cmd_gid", "clear_groups", "devpts_gid",
+                 # capability sets of the command (tuples of numbers), every door
+                 "cap_bounding", "cap_effective", "cap_permitted", "cap_inheritable",
+                 "cap_ambient",
+                 # supplementary groups set (None: cleared or kept, clear_groups),
+                 # no_new_privs, umask (None: inherited)
+                 "groups", "no_new_privs", "umask", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "dirs", "seccomp",
                  "device_rules", "notes", "warnings",
                  "own_cgroup", "squash", "squash_pid", "forced_env", "pod", "gpu",
@@ -138,6 +144,9 @@ class LaunchPlan:
         self.squash_pid = None
         # Variables the launcher sets over every other row (gpu/share.py).
         self.forced_env = None
+        self.groups = None
+        self.no_new_privs = True
+        self.umask = None
         # Pod mode: an hpc.pod.Pod; the rank joins the pod's namespaces.
         self.pod = None
         self.oci = None
@@ -263,7 +272,7 @@ def _identity(plan, spec, host_env=None):
     netdefault.resolve(plan, spec, netdefault.host_net_risk(plan, spec, real_root),
                        os.environ if host_env is None else host_env)
     from .linux.caps import root_caps
-    plan.caps = root_caps(spec.net == "host") if plan.cmd_uid == 0 else ()
+    set_caps(plan, root_caps(spec.net == "host") if plan.cmd_uid == 0 else ())
     flags = (k.CLONE_NEWNS | k.CLONE_NEWPID | k.CLONE_NEWUTS | k.CLONE_NEWIPC
              | k.CLONE_NEWCGROUP)
     if mode != "host":
@@ -271,6 +280,16 @@ def _identity(plan, spec, host_env=None):
     if spec.net == "none":
         flags |= k.CLONE_NEWNET
     plan.clone_flags = flags
+
+
+def set_caps(plan, keep, sets=None):
+    """The command's capability sets: `keep` bounding, effective and
+    permitted, none inheritable or ambient (docker's rule for `run`), or
+    `sets`, (bounding, effective, permitted, inheritable, ambient) as given
+    (an OCI process.capabilities)."""
+    sets = sets or (keep, keep, keep, (), ())
+    (plan.cap_bounding, plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
+     plan.cap_ambient) = sets
 
 
 def _check_binds(spec):

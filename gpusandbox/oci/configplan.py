@@ -39,7 +39,11 @@ def identity(plan, req):
     real_root = os.geteuid() == 0
     plan.real_root = real_root
     plan.clone_flags = req.flags
-    plan.caps = x.caps[1]
+    # (bounding, effective, permitted, inheritable, ambient), each its own
+    (plan.cap_bounding, plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
+     plan.cap_ambient) = x.caps
+    plan.no_new_privs = x.nnp
+    plan.umask = x.umask
     plan.cmd_uid, plan.cmd_gid = req.uid, req.gid
     plan.idmap = None
     plan.devpts_gid = None
@@ -68,6 +72,7 @@ def identity(plan, req):
         # process keeps the groups it has there, which map to nothing more.
         plan.clear_groups = False
         x.groups = None
+    plan.groups = x.groups
     if plan.devpts_gid is not None and not gid_mapped(plan.devpts_gid):
         # Rootless podman whose user has no subordinate gids: the runtime is
         # root of a namespace mapping one gid, where devpts refuses gid=5.

@@ -91,23 +91,21 @@ def run(plan, err_w, wdfd, tty_slave):
         if plan.oci is not None:
             step = "applying the OCI process settings"
             ocisetup.before_privileges(plan)
-        early = plan.oci is not None and ocisetup.seccomp_early(plan)
+        early = ocisetup.seccomp_early(plan)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.
-        caps.drop_bounding(plan.caps if plan.oci is None else plan.oci.caps[0])
-        if plan.oci is not None:
-            k.prctl(8, 1)   # PR_SET_KEEPCAPS: a config may give a non-root user capabilities
-        if plan.oci is not None and plan.oci.groups is not None:
-            os.setgroups(plan.oci.groups)
+        caps.drop_bounding(plan.cap_bounding)
+        k.prctl(8, 1)   # PR_SET_KEEPCAPS: a non-root user may be given capabilities
+        if plan.groups is not None:
+            os.setgroups(plan.groups)
         elif plan.clear_groups:
             os.setgroups([])
         os.setresgid(plan.cmd_gid, plan.cmd_gid, plan.cmd_gid)
         os.setresuid(plan.cmd_uid, plan.cmd_uid, plan.cmd_uid)
-        if plan.oci is None:
-            caps.set_caps(plan.caps)
-        else:
-            caps.set_cap_sets(*plan.oci.caps[1:])
-        if plan.oci is None or plan.oci.nnp:
+        # Every set written (the permitted set the uid change kept included).
+        caps.set_cap_sets(plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
+                          plan.cap_ambient)
+        if plan.no_new_privs:
             k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
         pause_point(plan, "before-exec")
         if plan.oci is not None:

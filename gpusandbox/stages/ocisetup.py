@@ -321,8 +321,8 @@ def _chown_stdio(uid, gid):
 
 def before_exec(plan):
     """Process settings that apply to the command only."""
-    if plan.oci.umask is not None:
-        os.umask(plan.oci.umask)
+    if plan.umask is not None:
+        os.umask(plan.umask)
     ps = getattr(plan.oci, "proc", None)
     if ps is not None and ps.cpus_final is not None:
         # execCPUAffinity.final: the workload's own CPUs, set last so that the
@@ -337,7 +337,7 @@ def seccomp_early(plan):
     no_new_privs the kernel installs one only for CAP_SYS_ADMIN
     (seccomp(2)); the rest of the command stage then runs under it, as
     runc's does.  Returns whether it was installed here."""
-    if plan.oci.nnp or plan.seccomp is None:
+    if plan.no_new_privs or plan.seccomp is None:
         return False
     from ..linux import seccomp
     seccomp.install(plan.seccomp)
