@@ -117,7 +117,10 @@ class LaunchPlan:
                  "cap_ambient",
                  # supplementary groups set (None: cleared or kept, clear_groups),
                  # no_new_privs, umask (None: inherited)
-                 "groups", "no_new_privs", "umask", "env", "argv", "workdir",
+                 "groups", "no_new_privs", "umask",
+                 # /proc and /sys paths hidden (tried as files, as directories)
+                 # and frozen read-only
+                 "masked_files", "masked_dirs", "readonly_paths", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "dirs", "seccomp",
                  "device_rules", "notes", "warnings",
                  "own_cgroup", "squash", "squash_pid", "forced_env", "pod", "gpu",
@@ -147,6 +150,9 @@ class LaunchPlan:
         self.groups = None
         self.no_new_privs = True
         self.umask = None
+        # runc's defaults (`run`); an OCI config's own lists replace them.
+        self.masked_files, self.masked_dirs = MASKED_FILES, MASKED_DIRS
+        self.readonly_paths = READONLY_PATHS
         # Pod mode: an hpc.pod.Pod; the rank joins the pod's namespaces.
         self.pod = None
         self.oci = None
@@ -353,6 +359,7 @@ def build(spec, host_env=None):
     if spec.oci is not None:
         from .oci import configplan
         configplan.devices(plan, spec.oci)
+        configplan.paths(plan, spec.oci)
         # As runc: the config's variables only; HOME, when the config has
         # none, from the container's passwd as the command finds it
         # (stages/command.py), after the config's mounts.

@@ -102,6 +102,14 @@ def devices(plan, req):
         x.sys_at = None     # the GPU edits go under /sys: it is mounted before them
 
 
+def paths(plan, req):
+    """linux.maskedPaths (each tried as a file, then a directory) and
+    linux.readonlyPaths, in place of runc's defaults."""
+    x = req.extras
+    plan.masked_files = plan.masked_dirs = x.masked
+    plan.readonly_paths = x.readonly
+
+
 def seccomp(req):
     """The config's seccomp program, or None."""
     if not req.seccomp:

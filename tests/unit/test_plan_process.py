@@ -1,5 +1,6 @@
 """The command's process settings are plan fields every door fills (plan.build):
-capability sets, supplementary groups, no_new_privs and umask, whether the
+capability sets, supplementary groups, no_new_privs, umask and the masked
+and read-only /proc and /sys paths, whether the
 launch is `gpusandbox run` or an OCI config; the command stage reads only
 these (no branch on the door)."""
 import json
@@ -21,6 +22,8 @@ def test_run_gets_the_five_sets_from_its_capabilities(tmp_path):
     p = planmod.build(parse_run_args([str(root), "true"]), {})
     keep = root_caps(False) if p.cmd_uid == 0 else ()
     assert _fields(p) == (keep, keep, keep, (), (), None, True, None)
+    assert (p.masked_files, p.masked_dirs, p.readonly_paths) == \
+        (planmod.MASKED_FILES, planmod.MASKED_DIRS, planmod.READONLY_PATHS)
     p = planmod.build(parse_run_args(["--net", "host", str(root), "true"]), {})
     keep = root_caps(True) if p.cmd_uid == 0 else ()
     assert p.cap_bounding == p.cap_effective == p.cap_permitted == keep
@@ -38,9 +41,13 @@ def test_an_oci_config_gives_each_set_its_own(tmp_path):
                                          "ambient": ["CAP_CHOWN"]}},
             "root": {"path": "rootfs"},
             "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "user")],
+                      "maskedPaths": ["/proc/kcore", "/proc/acpi"],
+                      "readonlyPaths": ["/proc/sys"],
                       "uidMappings": [{"containerID": 0, "hostID": 0, "size": 1}],
                       "gidMappings": [{"containerID": 0, "hostID": 0, "size": 1}]}}
     (tmp_path / "config.json").write_text(json.dumps(conf))
     spec = oc.load(str(tmp_path), {})
     p = planmod.build(spec, spec.oci.plan_env)
     assert _fields(p) == ((0, 5, 7), (5,), (0, 5), (0,), (0,), [5, 7], False, 18)
+    assert (p.masked_files, p.masked_dirs, p.readonly_paths) == \
+        (("/proc/kcore", "/proc/acpi"),) * 2 + (("/proc/sys",),)
