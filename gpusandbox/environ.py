@@ -2,6 +2,7 @@
 "Environment"), later rows winning:
 
   1. defaults        PATH, HOME (the image's passwd entry for the uid), TERM with --tty
+                     (`run` only: an OCI config gets none, as runc gives it)
   2. host            job variables (SLURM_* PMI* PMIX_* OMPI_* UCX_* NCCL_*), or the
                      whole host environment with --env-host; never NEVER_PASS (nor,
                      with --profile untrusted, profile.HOST_SOCKET_VARS)
@@ -80,8 +81,11 @@ def user_rows(spec, host_env):
     return rows
 
 
-def build(spec, host_env, image_env, gpu_env, home, tty_term=None, user=None):
-    env = {"PATH": DEFAULT_PATH, "HOME": home}
+def build(spec, host_env, image_env, gpu_env, home, tty_term=None, user=None, defaults=True):
+    """defaults: row 1 (docker's rule, `run`); an OCI config's process.env
+    gets none (runc's rule: HOME alone, when missing, is the command
+    stage's, from the container's passwd)."""
+    env = {"PATH": DEFAULT_PATH, "HOME": home} if defaults else {}
     if tty_term:
         env["TERM"] = tty_term
     never = NEVER_PASS

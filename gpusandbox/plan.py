@@ -49,6 +49,8 @@ def mount_points(plan):
         points.append((f.path, "file"))
     for b in plan.binds:
         points.append((b.dst, b.kind))
+    if plan.oci is not None:
+        points += [(mt.destination, mt.target_kind) for mt in plan.oci.mounts]
     points.append((plan.workdir, "dir"))
     points = [(p, k) for p, k in points if not p.startswith(OWN_FS) and p != "/"]
     links = [(ln.path, ln.target) for ln in plan.edits.symlinks
@@ -109,7 +111,16 @@ def _job_binds(host_env):
 
 class LaunchPlan:
     __slots__ = ("spec", "rootfs", "rootfd", "root_id", "clone_flags", "userns", "idmap", "real_root", "cmd_uid",
-                 "cmd_gid", "clear_groups", "caps", "devpts_gid", "env", "argv", "workdir",
+                 "cmd_gid", "clear_groups", "devpts_gid",
+                 # capability sets of the command (tuples of numbers), every door
+                 "cap_bounding", "cap_effective", "cap_permitted", "cap_inheritable",
+                 "cap_ambient",
+                 # supplementary groups set (None: cleared or kept, clear_groups),
+                 # no_new_privs, umask (None: inherited)
+                 "groups", "no_new_privs", "umask",
+                 # /proc and /sys paths hidden (tried as files, as directories)
+                 # and frozen read-only
+                 "masked_files", "masked_dirs", "readonly_paths", "env", "argv", "workdir",
                  "hostname", "binds", "keep_fds", "edits", "points", "links", "dirs", "seccomp",
                  "device_rules", "notes", "warnings",
                  "own_cgroup", "squash", "squash_pid", "forced_env", "pod", "gpu",
@@ -136,6 +147,12 @@ class LaunchPlan:
         self.squash_pid = None
         # Variables the launcher sets over every other row (gpu/share.py).
         self.forced_env = None
+        self.groups = None
+        self.no_new_privs = True
+        self.umask = None
+        # runc's defaults (`run`); an OCI config's own lists replace them.
+        self.masked_files, self.masked_dirs = MASKED_FILES, MASKED_DIRS
+        self.readonly_paths = READONLY_PATHS
         # Pod mode: an hpc.pod.Pod; the rank joins the pod's namespaces.
         self.pod = None
         self.oci = None
@@ -212,6 +229,11 @@ def _image_env(rootfs, config, rootfd=None):
 
 
 def _identity(plan, spec, host_env=None):
+    if spec.oci is not None:
+        # The config says every id, namespace and capability itself.
+        from .oci import configplan
+        configplan.identity(plan, spec.oci)
+        return
     real_root = os.geteuid() == 0
     plan.real_root = real_root
     uid, gid = os.geteuid(), os.getegid()
@@ -256,7 +278,7 @@ def _identity(plan, spec, host_env=None):
     netdefault.resolve(plan, spec, netdefault.host_net_risk(plan, spec, real_root),
                        os.environ if host_env is None else host_env)
     from .linux.caps import root_caps
-    plan.caps = root_caps(spec.net == "host") if plan.cmd_uid == 0 else ()
+    set_caps(plan, root_caps(spec.net == "host") if plan.cmd_uid == 0 else ())
     flags = (k.CLONE_NEWNS | k.CLONE_NEWPID | k.CLONE_NEWUTS | k.CLONE_NEWIPC
              | k.CLONE_NEWCGROUP)
     if mode != "host":
@@ -264,6 +286,16 @@ def _identity(plan, spec, host_env=None):
     if spec.net == "none":
         flags |= k.CLONE_NEWNET
     plan.clone_flags = flags
+
+
+def set_caps(plan, keep, sets=None):
+    """The command's capability sets: `keep` bounding, effective and
+    permitted, none inheritable or ambient (docker's rule for `run`), or
+    `sets`, (bounding, effective, permitted, inheritable, ambient) as given
+    (an OCI process.capabilities)."""
+    sets = sets or (keep, keep, keep, (), ())
+    (plan.cap_bounding, plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
+     plan.cap_ambient) = sets
 
 
 def _check_binds(spec):
@@ -282,6 +314,7 @@ def _check_binds(spec):
 def build(spec, host_env=None):
     host_env = os.environ if host_env is None else host_env
     plan = LaunchPlan(spec)
+    plan.oci = spec.oci.extras if spec.oci is not None else None
     if spec.profile:
         from . import profile
         profile.apply(spec, plan.warnings)
@@ -322,11 +355,22 @@ def build(spec, host_env=None):
     user_env = envmod.user_rows(spec, host_env)
     gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
     _devices(plan, spec)
-    passwd = k.read_in_root(rootfd, "/etc/passwd", 4 << 20)
-    home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
-                              plan.cmd_uid)
-    term = host_env.get("TERM", "xterm") if spec.tty else None
-    plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term, user_env)
+    if spec.oci is not None:
+        from .oci import configplan
+        configplan.devices(plan, spec.oci)
+        configplan.paths(plan, spec.oci)
+        # As runc: the config's variables only; HOME, when the config has
+        # none, from the container's passwd as the command finds it
+        # (stages/command.py), after the config's mounts.
+        home = None
+        plan.env = envmod.build(spec, host_env, image_env, gpu_env, None, None, user_env,
+                                defaults=False)
+    else:
+        passwd = k.read_in_root(rootfd, "/etc/passwd", 4 << 20)
+        home = envmod.passwd_home(passwd.decode("utf-8", "replace") if passwd else "",
+                                  plan.cmd_uid)
+        term = host_env.get("TERM", "xterm") if spec.tty else None
+        plan.env = envmod.build(spec, host_env, image_env, gpu_env, home, term, user_env)
     if plan.forced_env:
         from .gpu.share import final_env
         final_env(plan.env, plan.forced_env)
@@ -337,10 +381,14 @@ def build(spec, host_env=None):
     # Container paths are normalised lexically here, so no `..` reaches the
     # init (where a `..` walk would start from the image on the host).
     plan.workdir = container_path(spec.workdir or image_cwd or "/")
-    plan.hostname = spec.hostname or "gpusandbox"
+    # No hostname in an OCI config: the new UTS namespace keeps the host's
+    # name, as runc leaves it.
+    plan.hostname = spec.hostname or ("gpusandbox" if spec.oci is None else os.uname().nodename)
     # Host-side choices (kept fds, binds) read the caller's environment only,
-    # never plan.env, which holds the image's rows.
-    plan.keep_fds = _job_fds(host_env)
+    # never plan.env, which holds the image's rows.  (An OCI config's
+    # descriptors: configplan.identity.)
+    if spec.oci is None:
+        plan.keep_fds = _job_fds(host_env)
     plan.binds = _job_binds(host_env) + spec.binds
     _normalise_paths(plan)
     if plan.host_root:
@@ -348,7 +396,11 @@ def build(spec, host_env=None):
         hostroot.finish(plan, spec, home, host_env)
     plan.points, plan.links = mount_points(plan)
     plan.dirs = sealed_dirs(plan)
-    if spec.seccomp != "unconfined":
+    if spec.oci is not None:
+        from .oci import configplan
+        plan.seccomp = configplan.seccomp(spec.oci)
+        configplan.premake(plan, spec.oci)
+    elif spec.seccomp != "unconfined":
         from .linux import seccomp
         plan.seccomp = seccomp.compile_profile(spec.seccomp)
     return plan

@@ -80,6 +80,9 @@ class RunSpec:
         "share", "shm_size", "gpu_visibility",
         # --profile untrusted (profile.py)
         "profile",
+        # an OCI runtime launch: its config.json read as typed data
+        # (oci/configplan.OciRequest), else None
+        "oci",
     )
 
     def __init__(self):
@@ -134,3 +137,4 @@ class RunSpec:
         self.shm_size = None
         self.gpu_visibility = None   # task | step
         self.profile = None          # untrusted, or None
+        self.oci = None

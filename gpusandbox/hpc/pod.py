@@ -133,7 +133,9 @@ def plan_pod(plan, spec, env):
         raise UsageError("--hostname cannot be used with --share node",
                          "ranks of a pod see the host's hostname (NCCL's same-host test)",
                          "drop --hostname, or pass --share none")
-    if plan.userns == "full":
+    # plan.userns names the mode asked for (single, subids, host); the map
+    # itself says whether it is one id (every door's planner sets it).
+    if plan.idmap is not None and plan.idmap[0] == "full":
         raise UsageError("--share node works with --userns single or host",
                          "a pod's user namespace has a one-id map", _HINT)
     check_mix(SHARED)

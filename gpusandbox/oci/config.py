@@ -1,6 +1,7 @@
-"""An OCI runtime bundle's config.json -> RunSpec, then the LaunchPlan fields
-the spec cannot say (OciExtras in plan.oci, namespaces, capabilities, the
-seccomp program), for the same stages `gpusandbox run` uses.
+"""An OCI runtime bundle's config.json -> RunSpec with its OciRequest
+(spec.oci: namespaces, ids, capabilities, devices, the seccomp document and
+OciExtras), which plan.build turns into the LaunchPlan the stages of
+`gpusandbox run` read (oci/configplan.py).
 
 config.json comes from the runtime's caller (podman, containerd), who runs
 the runtime with its own privileges: it is read as data of the expected
@@ -19,8 +20,10 @@ from . import fastjson as json
 from ..errors import UsageError
 from ..imageroot import container_path
 from ..spec import RunSpec
-from ..linux.host import NS_FLAGS, gid_mapped, initial_userns, setgroups_denied
+from ..linux.host import NS_FLAGS, initial_userns
 from .confighost import _devices
+from .configfield import _bad, _get, _strs
+from .configplan import OciRequest
 from .configsysctl import sysctl_namespaced as _sysctl_namespaced
 
 MAX_CONFIG = 4 << 20
@@ -75,10 +78,6 @@ class OciExtras:
                  "premade")
 
 
-def _bad(path, why, hint=None):
-    return UsageError(f"OCI config {path}", why, hint)
-
-
 def read(bundle, path=None):
     """The bundle's config.json (or `path`) as a dict (size-bounded, a
     regular file)."""
@@ -102,21 +101,6 @@ def read(bundle, path=None):
     if not isinstance(conf, dict):
         raise _bad(path, "not a JSON object")
     return conf
-
-
-def _get(obj, key, typ, where, default=None):
-    v = obj.get(key) if isinstance(obj, dict) else None
-    if v is None:
-        return default
-    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-        raise _bad(where, f"{key} has the wrong type ({type(v).__name__})")
-    return v
-
-
-def _strs(v, where):
-    if not isinstance(v, list) or not all(isinstance(x, str) and "\0" not in x for x in v):
-        raise _bad(where, "must be a list of strings")
-    return v
 
 
 def _caps(names, where):
@@ -282,9 +266,9 @@ def _resources(spec, linux):
     return rules
 
 
-def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
-    """RunSpec, OciExtras and the plan overrides of `bundle`: call build()
-    with them.  Raises UsageError naming the field."""
+def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None):
+    """The RunSpec of `bundle`, its OciRequest in spec.oci: plan.build's
+    input.  Raises UsageError naming the field."""
     bundle = os.path.abspath(bundle)
     conf = read(bundle, config_path)
     ver = _get(conf, "ociVersion", str, "ociVersion", "")
@@ -395,16 +379,28 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None):
         raise _bad("domainname", "needs a uts namespace of the container's")
     if spec.hostname and not own_uts:
         raise _bad("hostname", "needs a uts namespace of the container's")
-    caps = x.caps[1]
     seccomp = _get(linux, "seccomp", dict, "linux")
     if seccomp and (seccomp.get("listenerPath") or seccomp.get("flags")):
         raise _bad("linux.seccomp", "listenerPath and flags are not supported",
                    "gpusandbox's filter has no user-space notifier and no filter flags")
-    over = {"flags": flags, "caps": caps, "dev_rules": dev_rules, "uid": uid, "gid": gid,
-            "idmaps": _idmaps(linux, uid, gid) if userns else None, "seccomp": seccomp,
-            "keep_fds": _open_fds(preserve_fds), "plan_env": plan_env,
-            "devices": _devices(linux, make=real_root and initial_userns())}
-    return conf, spec, x, over
+    x.hook_state = None
+    if x.hooks.get("createContainer") or x.hooks.get("startContainer"):
+        # The OCI state the init's createContainer/startContainer hooks get
+        # (the init adds its own pid).
+        x.hook_state = {"ociVersion": "1.0.2", "id": cid, "status": "created",
+                        "bundle": bundle, "annotations": x.annotations}
+    x.premade = None
+    req = OciRequest()
+    req.flags, req.join, req.uid, req.gid = flags, join, uid, gid
+    req.idmaps = _idmaps(linux, uid, gid) if userns else None
+    req.seccomp = seccomp
+    req.dev_rules = dev_rules
+    req.devices = _devices(linux, make=real_root and initial_userns())
+    req.keep_fds = _open_fds(preserve_fds)
+    req.plan_env = plan_env
+    req.extras = x
+    spec.oci = req
+    return spec
 
 
 def _open_fds(n):
@@ -419,64 +415,3 @@ def _open_fds(n):
             continue
         out.append(fd)
     return tuple(out)
-
-
-def apply(plan, x, over):
-    """The plan fields an OCI config sets beyond what the RunSpec says."""
-    plan.oci = x
-    plan.clone_flags = over["flags"]
-    plan.caps = over["caps"]
-    if over["idmaps"] is not None:
-        plan.cmd_uid, plan.cmd_gid = over["uid"], over["gid"]
-        uids, gids = over["idmaps"]
-        if not plan.real_root and len(uids) == len(gids) == 1 and uids[0][1:] == \
-                (os.geteuid(), 1) and gids[0][1:] == (os.getegid(), 1):
-            # The caller's own ids only: maps the init writes for itself, as
-            # `run` does rootless (no newuidmap round trip).
-            plan.idmap = ("single", uids[0][0], uids[0][1], gids[0][0], gids[0][1])
-            plan.userns = "single"
-        else:
-            plan.idmap = ("full", uids, gids)
-            plan.userns = "subids"
-            plan.clear_groups = True
-    plan.env = dict(plan.env)
-    if x.annotations.get("run.oci.keep_original_groups") == "1":
-        plan.clear_groups = False
-    if setgroups_denied():
-        # The same namespace may deny setgroups(2) (user_namespaces(7)): the
-        # process keeps the groups it has there, which map to nothing more.
-        plan.clear_groups = False
-        x.groups = None
-    if plan.devpts_gid is not None and not gid_mapped(plan.devpts_gid):
-        # Rootless podman whose user has no subordinate gids: the runtime is
-        # root of a namespace mapping one gid, where devpts refuses gid=5.
-        plan.devpts_gid = None
-    from ..edits import DeviceNode
-    rules = list(over["dev_rules"])
-    binds, x.mknod = over["devices"]
-    for path, host, major, minor in binds:
-        plan.edits.device_nodes.append(DeviceNode(path, host, major, minor))
-        rules.append(("c", major, minor, "rw"))
-    for path, kind, major, minor, _, _, _ in x.mknod:
-        if not stat.S_ISFIFO(kind):
-            rules.append(("b" if stat.S_ISBLK(kind) else "c", major, minor, "rwm"))
-    if rules:
-        plan.device_rules = list(plan.device_rules or []) + rules
-    plan.keep_fds = over["keep_fds"]
-    e = plan.edits
-    if any(p.startswith("/sys/") for p in [mt.path for mt in e.mounts]
-           + [n.path for n in e.device_nodes] + [t.path for t in e.tmpfs]):
-        x.sys_at = None     # the GPU edits go under /sys: it is mounted before them
-    # No hostname in the config: the new UTS namespace keeps the host's name,
-    # as runc leaves it.
-    plan.hostname = plan.spec.hostname or os.uname().nodename
-    if over["seccomp"]:
-        from ..linux import seccomp
-        # The parsed document (compile_bytes would dump and parse it again,
-        # through the json package), its text only to find it in the cache.
-        plan.seccomp = seccomp.compile_document(over["seccomp"],
-                                                json.dumps(over["seccomp"]).encode(),
-                                                "linux.seccomp")
-    points = [(mt.destination, mt.target_kind) for mt in x.mounts]
-    from ..plan import OWN_FS
-    plan.points += [(p, kd) for p, kd in points if not p.startswith(OWN_FS) and p != "/"]

@@ -4,18 +4,8 @@ reads is a setting: gpusandbox.settings.)"""
 import os
 import stat
 
-from ..errors import UsageError
 from ..imageroot import container_path
-
-
-def _bad(path, why, hint=None):
-    return UsageError(f"OCI config {path}", why, hint)
-
-
-def _get(obj, key, typ, where, default=None):
-    # config.py imports this module at its top: its checker is looked up here.
-    from .config import _get as get
-    return get(obj, key, typ, where, default)
+from .configfield import _bad, _get
 
 
 def _host_node(major, minor, path):

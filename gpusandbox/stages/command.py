@@ -2,7 +2,9 @@
 and execs.  Order matters and each step says why it sits where it does."""
 import errno
 import os
+import stat
 
+from ..environ import DEFAULT_PATH, passwd_home
 from ..linux import caps
 from ..linux import sys as k
 from . import ocisetup
@@ -25,6 +27,22 @@ def _lookup(argv0, path_var):
         if os.path.exists(cand):
             return cand  # exists but not executable: execve reports EACCES -> 126
     return None
+
+
+def _passwd_home(uid):
+    """The home of `uid` in the container's /etc/passwd (the command stage
+    runs in its root, after every mount), else "/"."""
+    try:
+        fd = os.open("/etc/passwd", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return "/"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "/"
+        data = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    return passwd_home(data.decode("utf-8", "replace"), uid)
 
 
 def run(plan, err_w, wdfd, tty_slave):
@@ -65,32 +83,37 @@ def run(plan, err_w, wdfd, tty_slave):
         k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
         for fd in plan.keep_fds:  # srun's PMI_FD: the job's own channel to slurmstepd
             os.set_inheritable(fd, True)
+        if "HOME" not in plan.env:
+            # An environment without HOME (runc's rule for an OCI process):
+            # the process's passwd entry, read while still root.
+            step = "reading /etc/passwd"
+            plan.env["HOME"] = _passwd_home(plan.cmd_uid)
         if plan.oci is not None:
             step = "applying the OCI process settings"
             ocisetup.before_privileges(plan)
-        early = plan.oci is not None and ocisetup.seccomp_early(plan)
+        early = ocisetup.seccomp_early(plan)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.
-        caps.drop_bounding(plan.caps if plan.oci is None else plan.oci.caps[0])
-        if plan.oci is not None:
-            k.prctl(8, 1)   # PR_SET_KEEPCAPS: a config may give a non-root user capabilities
-        if plan.oci is not None and plan.oci.groups is not None:
-            os.setgroups(plan.oci.groups)
+        caps.drop_bounding(plan.cap_bounding)
+        k.prctl(8, 1)   # PR_SET_KEEPCAPS: a non-root user may be given capabilities
+        if plan.groups is not None:
+            os.setgroups(plan.groups)
         elif plan.clear_groups:
             os.setgroups([])
         os.setresgid(plan.cmd_gid, plan.cmd_gid, plan.cmd_gid)
         os.setresuid(plan.cmd_uid, plan.cmd_uid, plan.cmd_uid)
-        if plan.oci is None:
-            caps.set_caps(plan.caps)
-        else:
-            caps.set_cap_sets(*plan.oci.caps[1:])
-        if plan.oci is None or plan.oci.nnp:
+        # Every set written (the permitted set the uid change kept included).
+        caps.set_cap_sets(plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
+                          plan.cap_ambient)
+        if plan.no_new_privs:
             k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
         pause_point(plan, "before-exec")
         if plan.oci is not None:
             step = "applying the OCI process settings"
             ocisetup.before_exec(plan)
-        path = _lookup(plan.argv[0], plan.env.get("PATH"))
+        # No PATH in the environment: execvp(3)'s search of a default one,
+        # which the environment does not get.
+        path = _lookup(plan.argv[0], plan.env.get("PATH", DEFAULT_PATH))
         if path is None:
             fail(err_w, 127, f"command not found in the image: {plan.argv[0]}", None,
                  "check the image's PATH (-e PATH=...) or give the full path")

@@ -323,7 +323,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             ocisetup.container_hooks(plan, "createContainer", oci_src, plan.oci.hook_state
                                      and plan.oci.hook_state["bundle"])
         step = "masking /proc and /sys paths"
-        sysmounts.mask(rootfd, plan.oci)
+        sysmounts.mask(rootfd, plan)
         step = f"opening the working directory {plan.workdir}"
         wdfd = m.open_target(rootfd, plan.workdir, "dir", create=True)
         if plan.spec.rootfs_mode == "ro":

@@ -295,35 +295,12 @@ def process_settings(ps):
 
 def before_privileges(plan):
     """What the command stage of an OCI process does while it is still root:
-    the scheduling settings, HOME from the container's passwd when the
-    config has none, and stdio handed to the process's user (runc's and
-    crun's rules)."""
+    the scheduling settings and stdio handed to the process's user (runc's
+    and crun's rules)."""
     ps = getattr(plan.oci, "proc", None)
     if ps is not None:
         process_settings(ps)
-    if "HOME" not in plan.env:
-        plan.env["HOME"] = _passwd_home(plan.cmd_uid)
     _chown_stdio(plan.cmd_uid, plan.cmd_gid)
-
-
-def _passwd_home(uid):
-    """The home of `uid` in the container's /etc/passwd (we are in its root
-    now), else "/"."""
-    try:
-        fd = os.open("/etc/passwd", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return "/"
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "/"
-        data = os.read(fd, 1 << 20)
-    finally:
-        os.close(fd)
-    for line in data.decode("utf-8", "replace").splitlines():
-        f = line.split(":")
-        if len(f) >= 6 and f[2] == str(uid) and f[5]:
-            return f[5]
-    return "/"
 
 
 def _chown_stdio(uid, gid):
@@ -344,8 +321,8 @@ def _chown_stdio(uid, gid):
 
 def before_exec(plan):
     """Process settings that apply to the command only."""
-    if plan.oci.umask is not None:
-        os.umask(plan.oci.umask)
+    if plan.umask is not None:
+        os.umask(plan.umask)
     ps = getattr(plan.oci, "proc", None)
     if ps is not None and ps.cpus_final is not None:
         # execCPUAffinity.final: the workload's own CPUs, set last so that the
@@ -360,7 +337,7 @@ def seccomp_early(plan):
     no_new_privs the kernel installs one only for CAP_SYS_ADMIN
     (seccomp(2)); the rest of the command stage then runs under it, as
     runc's does.  Returns whether it was installed here."""
-    if plan.oci.nnp or plan.seccomp is None:
+    if plan.no_new_privs or plan.seccomp is None:
         return False
     from ..linux import seccomp
     seccomp.install(plan.seccomp)

@@ -7,7 +7,7 @@ import os
 
 from ..linux import mounts as m
 from ..linux import sys as k
-from ..plan import MASKED_DIRS, MASKED_FILES, READONLY_PATHS, STD_DEVICES
+from ..plan import STD_DEVICES
 from . import ocisetup
 
 
@@ -127,11 +127,10 @@ def _cgroup_view(rootfd):
              "mounting the sandbox's cgroup at /sys/fs/cgroup")
 
 
-def mask(rootfd, oci=None):
-    """Hide or freeze the kernel interfaces runc hides by default (or those
-    an OCI config lists: each path is tried as a file, then a directory)."""
-    files, dirs, ro = ((MASKED_FILES, MASKED_DIRS, READONLY_PATHS) if oci is None
-                       else (oci.masked, oci.masked, oci.readonly))
+def mask(rootfd, plan):
+    """Hide or freeze the kernel interfaces the plan names (runc's defaults,
+    or an OCI config's lists)."""
+    files, dirs, ro = plan.masked_files, plan.masked_dirs, plan.readonly_paths
     for path in files:
         try:
             target = m.open_target(rootfd, path, "file", create=False, strict=True)

@@ -150,6 +150,29 @@ def test_process_settings_hooks_and_pid1(mode, oci_env, rootfs, test_user):
     assert state["pid"] > 1
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_env_as_runc_home_from_passwd_no_path(mode, oci_env, rootfs, test_user):
+    """The process's environment is the config's, as runc gives it: HOME (not
+    in the config) from the container's passwd entry of the process's uid,
+    whatever the caller's uid is; no PATH added; the command found without
+    one (execvp(3)'s default)."""
+    conf = _base(rootfs, mode, test_user)
+    conf["process"]["args"] = ["python3", "-c",
+                               "import json, os; print(json.dumps(dict(os.environ)))"]
+    conf["process"]["env"] = ["A=1"]
+    out, _ = _run(oci_env, f"f2-env-{mode}", conf, mode, test_user)
+    assert out == {"A": "1", "HOME": "/root", "LISTEN_FDS": "1", "LISTEN_PID": "1"}
+    conf["process"]["user"] = {"uid": 1000, "gid": 1000}
+    if mode != "root":
+        conf["linux"]["namespaces"].append({"type": "user"})
+        conf["linux"]["uidMappings"] = [{"containerID": 1000, "hostID": test_user.pw_uid,
+                                         "size": 1}]
+        conf["linux"]["gidMappings"] = [{"containerID": 1000, "hostID": test_user.pw_gid,
+                                         "size": 1}]
+    out, _ = _run(oci_env, f"f2-env1000-{mode}", conf, mode, test_user)
+    assert out["HOME"] == "/home/user" and "PATH" not in out
+
+
 def test_host_namespaces_devices_and_user(cli, oci_env, rootfs, test_user, tmp_path):
     """Real root: no pid or uts namespace in the config shares the host's;
     linux.devices of every type are made by mknod with their mode and owner

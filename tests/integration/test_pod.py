@@ -245,6 +245,20 @@ def test_bad_pod_options_are_one_line_refusals(root_runner, rootfs, args, env, n
     assert len(lines) <= 2
 
 
+def test_full_id_map_is_refused_for_a_pod_rank(rootless_runner, rootfs, pod_env):
+    """A pod's user namespace maps one id: --userns subids (a full range of
+    subordinate ids) is refused before any namespace exists, in one line."""
+    from tests.integration.conftest import subid_range
+    subid_range(rootless_runner.user, "/etc/subuid")
+    r = rootless_runner.run(["--userns", "subids", "--share", "node", str(rootfs), "true"],
+                            env=pod_env)
+    assert r.returncode == 125, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == ("gpusandbox: error: --share node works with --userns single or host: "
+                        "a pod's user namespace has a one-id map"), r.stderr
+    assert len(lines) <= 2
+
+
 @pytest.mark.parametrize("mode", ["root", "rootless"])
 def test_doctor_mpi_probe_rank_sees_the_pod(mode, cli, test_user, rootfs, pod_env):
     from tests.integration.conftest import Runner

@@ -27,7 +27,7 @@ def identity(monkeypatch, euid, net=None, user=None, fakeroot=False, env=None, b
 def test_real_root_defaults_to_a_private_network_with_docker_caps(monkeypatch):
     p = identity(monkeypatch, 0)
     assert p.spec.net == "none" and p.clone_flags & k.CLONE_NEWNET
-    assert p.caps == caps.ROOT_DEFAULT and NET_RAW in p.caps
+    assert p.cap_effective == caps.ROOT_DEFAULT and NET_RAW in p.cap_effective
     assert any(n.startswith("network: private namespace") for n in p.notes)
     assert p.warnings == []
 
@@ -35,8 +35,8 @@ def test_real_root_defaults_to_a_private_network_with_docker_caps(monkeypatch):
 def test_real_root_net_host_drops_net_caps_and_says_so_only_in_notes(monkeypatch):
     p = identity(monkeypatch, 0, net="host")
     assert not p.clone_flags & k.CLONE_NEWNET
-    assert NET_RAW not in p.caps and NET_BIND_SERVICE not in p.caps
-    assert set(caps.ROOT_DEFAULT) - set(p.caps) == {NET_RAW, NET_BIND_SERVICE}
+    assert NET_RAW not in p.cap_effective and NET_BIND_SERVICE not in p.cap_effective
+    assert set(caps.ROOT_DEFAULT) - set(p.cap_effective) == {NET_RAW, NET_BIND_SERVICE}
     assert p.warnings == [] and any("--net host" in n for n in p.notes)
 
 
@@ -46,7 +46,7 @@ def test_a_command_that_is_not_host_root_keeps_the_host_network(monkeypatch, eui
                                                                  fakeroot):
     p = identity(monkeypatch, euid, user=user, fakeroot=fakeroot)
     assert p.spec.net == "host" and not p.clone_flags & k.CLONE_NEWNET
-    assert p.caps == (caps.root_caps(True) if fakeroot else ())
+    assert p.cap_effective == (caps.root_caps(True) if fakeroot else ())
 
 
 def test_real_root_in_a_user_namespace_is_still_host_root(monkeypatch):
@@ -76,12 +76,12 @@ def test_an_image_user_under_root_gets_a_private_network(monkeypatch):
     (its daemons on abstract sockets would take the command for that user)."""
     p = identity(monkeypatch, 0, user=(1006, 1006), by_image=True)
     assert p.spec.net == "none" and p.clone_flags & k.CLONE_NEWNET
-    assert (p.cmd_uid, p.caps, p.warnings) == (1006, (), [])
+    assert (p.cmd_uid, p.cap_effective, p.warnings) == (1006, (), [])
     assert [n for n in p.notes if n.startswith("network: ")] == [
         "network: private namespace, loopback only (the command's host uid 1006 is the "
         "image's User, not a uid you chose with --user; --net host shares the host's)"]
     p = identity(monkeypatch, 0, user=(1006, 1006), by_image=True, net="host")
-    assert not p.clone_flags & k.CLONE_NEWNET and p.caps == ()
+    assert not p.clone_flags & k.CLONE_NEWNET and p.cap_effective == ()
     assert any("uid 1006 (the image's User)" in n for n in p.notes), p.notes
     env = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"}
     p = identity(monkeypatch, 0, user=(1006, 1006), by_image=True, env=env)

@@ -45,13 +45,15 @@ def _load(tmp_path, **over):
 
 
 def test_translation(tmp_path):
-    conf, spec, x, over = _load(tmp_path)
+    spec = _load(tmp_path)
+    req = spec.oci
+    x = req.extras
     assert spec.argv == ["sh"] and spec.image == str(tmp_path / "rootfs")
     assert spec.image_env == ([("A", "1"), ("NVIDIA_VISIBLE_DEVICES", "0")], "/w")
     assert spec.rootfs_mode == "rw" and spec.net == "none"
     assert (spec.pids_limit, spec.memory) == ("99", str(1 << 30))
     # GPUs: the config's selection, the caller's driver root; nothing else of the caller's.
-    assert over["plan_env"] == {} and spec.driver_root == "/sim"
+    assert req.plan_env == {} and spec.driver_root == "/sim"
     assert spec.gpu_request.devices == "0" and spec.gpu_request.caps == ("compute", "utility")
     assert [(m.destination, m.kind) for m in x.mounts] == [("/dev/mqueue", "fs"),
                                                            ("/data", "bind")]
@@ -61,9 +63,9 @@ def test_translation(tmp_path):
     assert x.caps[0] == (0, 5) and x.caps[1] == (5,) and x.caps[4] == ()
     assert x.rlimits == [(7, 10, 20)] and x.umask == 18
     assert x.sysctl == [("net.ipv4.ping_group_range", "0 0")]
-    assert over["dev_rules"] == [("c", 10, 200, "rw")]
-    assert over["keep_fds"] == (3, 4)
-    assert over["devices"] == ([], [])
+    assert req.dev_rules == [("c", 10, 200, "rw")]
+    assert req.keep_fds == (3, 4)
+    assert req.devices == ([], [])
 
 
 @pytest.mark.parametrize("path,value,why", [

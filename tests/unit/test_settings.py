@@ -49,7 +49,7 @@ def test_every_door_reads_one_file_in_either_spelling(tmp_path, var, spelling):
               "runtime = /usr/bin/crun\n")
     env = {var: f}
     assert configedit.host_roots(env) == ("/sim/host", "/sim/dev")
-    _, spec, _, _ = oc.load(_bundle(tmp_path), env)
+    spec = oc.load(_bundle(tmp_path), env)
     assert (spec.driver_root, spec.dev_root) == ("/sim/host", "/sim/dev")
     assert wrapper.real_runtime(env) == "/usr/bin/crun"
 

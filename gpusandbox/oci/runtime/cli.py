@@ -13,6 +13,7 @@ import sys
 import time
 
 from ...errors import SandboxError, printable
+from .args import _one, _split, _truthy  # noqa: F401 - the commands' argv reader
 
 USAGE = """usage: gpusandbox-oci [--root DIR] [--log FILE] [--log-format text|json] COMMAND
 
@@ -56,46 +57,6 @@ class Log:
 
     def error(self, msg):
         self._write("error", msg)
-
-
-def _split(argv, values, flags):
-    """(options dict, positional args) of one command's argv; runc's
-    spellings: --opt VALUE, --opt=VALUE, -opt (Go's flag package)."""
-    opts, pos = {}, []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--":
-            pos += argv[i + 1:]
-            break
-        if a.startswith("-") and a != "-" and not pos:
-            name, eq, val = a.partition("=")
-            if not name.startswith("--") and len(name) > 2:
-                name = "-" + name
-            if name in values:
-                if not eq:
-                    i += 1
-                    if i >= len(argv):
-                        raise SandboxError(f"option {name} needs a value")
-                    val = argv[i]
-                opts.setdefault(name, []).append(val)
-            elif name in flags:
-                opts[name] = [val or "true"]
-            else:
-                raise SandboxError(f"unknown option {printable(name)}")
-        else:
-            pos.append(a)
-        i += 1
-    return opts, pos
-
-
-def _one(opts, name, default=None):
-    v = opts.get(name)
-    return v[-1] if v else default
-
-
-def _truthy(opts, name):
-    return _one(opts, name, "false") not in ("false", "0")
 
 
 def _id(pos, cmd):

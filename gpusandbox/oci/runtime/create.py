@@ -105,29 +105,18 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
     try:
         os.mkfifo(fifo, 0o622)
         os.chmod(fifo, 0o622)
-        conf, spec, x, over = ociconfig.load(bundle, os.environ, fifo, preserve_fds,
-                                                config_path)
+        spec = ociconfig.load(bundle, os.environ, fifo, preserve_fds, config_path, cid)
+        x = spec.oci.extras
         if x.terminal and not console:
             raise SandboxError("process.terminal is set but no --console-socket was given")
         if x.terminal:
             _import_socket()
         spec.best_effort = True
-        plan = planmod.build(spec, over["plan_env"])
-        ociconfig.apply(plan, x, over)
+        plan = planmod.build(spec, spec.oci.plan_env)
         for w in plan.warnings:
             log.warn(w)
-        x.hook_state = None
-        if x.hooks.get("createContainer") or x.hooks.get("startContainer"):
+        if x.hook_state:
             from . import hooks  # noqa: F401 - run by the init, a clone of this process
-            x.hook_state = {"ociVersion": "1.0.2", "id": cid, "status": "created",
-                            "bundle": os.path.abspath(bundle), "annotations": x.annotations}
-        x.premade = None
-        if x.mknod and plan.clone_flags & host.NS_FLAGS["user"]:
-            from ...stages.ocisetup import premake_devices
-            try:
-                x.premade = premake_devices(x.mknod, over["idmaps"])
-            except OSError as e:
-                raise SandboxError("making the config's devices", e.strerror or str(e)) from None
         _rlimits(x)
         _setns(x.ns_join)
         if spec.hostname and any(t == "uts" for t, _ in x.ns_join):

@@ -15,17 +15,17 @@ import socket
 from ...errors import SandboxError
 from ...linux import host
 from ...linux import sys as k
-from ...plan import LaunchPlan
+from ...plan import LaunchPlan, set_caps
 from ...spec import RunSpec
 from ...stages import channel, command
 # Imported before setns(2): the image's tree is the process's root afterwards.
 from ...stages.init import _open_pty
 from .. import config as ociconfig
 from . import state
+from .args import _one, _split, _truthy
 
 
 def _parse(rest):
-    from .cli import _one, _split, _truthy
     opts, pos = _split(rest, {"--process", "-p", "--console-socket", "--pid-file", "--cwd",
                               "--env", "-e", "--user", "-u", "--process-label", "--apparmor",
                               "--cap", "-c", "--preserve-fds", "--cgroup"},
@@ -79,10 +79,11 @@ def _plan(st, proc, rest_flags=()):
     x.caps = ociconfig.cap_sets(caps if isinstance(caps, dict) else {})
     nnp = proc.get("noNewPrivileges", base.get("noNewPrivileges", False))
     x.nnp = nnp is True or bool(rest_flags)
-    plan.caps = x.caps[1]
+    set_caps(plan, None, x.caps)
+    plan.no_new_privs = x.nnp
     groups = user.get("additionalGids")
     x.groups = [g for g in groups if isinstance(g, int)] if isinstance(groups, list) else None
-    x.umask = user.get("umask") if isinstance(user.get("umask"), int) else None
+    x.umask = plan.umask = user.get("umask") if isinstance(user.get("umask"), int) else None
     from ..configproc import parse as proc_settings
     x.proc = proc_settings(proc) or None
     if host.setgroups_denied(st["pid"]):
@@ -91,6 +92,7 @@ def _plan(st, proc, rest_flags=()):
         # for: the process keeps the groups it has.
         plan.clear_groups = False
         x.groups = None
+    plan.groups = x.groups
     plan.oci = x
     seccomp = (conf.get("linux") or {}).get("seccomp")
     if seccomp:
@@ -100,7 +102,6 @@ def _plan(st, proc, rest_flags=()):
 
 
 def main_exec(root, rest, log):
-    from .cli import _one, _truthy
     cid, proc, opts = _parse(rest)
     st = state.load(root, cid)
     if state.status(st) not in ("running", "created"):
