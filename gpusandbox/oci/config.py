@@ -74,7 +74,7 @@ class OciExtras:
                  # /sys with the other system mounts, first)
                  "sys_at",
                  # [(path, detached mount fd)]: the mknod entries `create` made
-                 # for a container with a user namespace (ocisetup.premake_devices)
+                 # for a container with a user namespace (linux/devnodes.premake_devices)
                  "premade")
 
 

@@ -123,13 +123,13 @@ def seccomp(req):
 
 def premake(plan, req):
     """Real root, a container with a user namespace of its own: the config's
-    device nodes, made now (stages/ocisetup.premake_devices), for the init to
+    device nodes, made now (linux/devnodes.premake_devices), for the init to
     attach.  Last in plan.build: the caller closes them with the plan."""
     x = req.extras
     x.premade = None
     if x.mknod and plan.clone_flags & NS_FLAGS["user"]:
         from ..errors import SandboxError
-        from ..stages.ocisetup import premake_devices
+        from ..linux.devnodes import premake_devices
         try:
             x.premade = premake_devices(x.mknod, req.idmaps)
         except OSError as e:

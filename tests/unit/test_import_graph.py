@@ -24,11 +24,7 @@ import pytest
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 SCRIPT = os.path.join(REPO, "scripts", "import-graph")
 
-PENDING = {
-    # oci/
-    ("oci.confighost", "oci.config"): "confighost <-> config",
-    ("oci.runtime.execute", "oci.runtime.cli"): "runtime execute <-> cli",
-}
+PENDING = {}
 PENDING_OWNERS = ("image", "oci")
 
 
