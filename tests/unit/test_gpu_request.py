@@ -213,11 +213,11 @@ def test_oci_create_reads_the_request_the_wrapper_reads(env, tmp_path):
     (tmp_path / "rootfs").mkdir()
     cfg = cfg_of(env, {"cdi.k8s.io/x": "vendor.com/dev=z"})
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    _, spec, _, over = config.load(str(tmp_path), {"GPUSANDBOX_OCI_CONF": "/nonexistent"})
+    spec = config.load(str(tmp_path), {"GPUSANDBOX_OCI_CONF": "/nonexistent"})
     want = from_config(cfg)
     assert spec.gpu_request.fields() == want.fields()
     assert "vendor.com/dev=z" in spec.gpu_request.cdi
-    assert over["plan_env"] == {}     # no variable of the caller's, as before
+    assert spec.oci.plan_env == {}     # no variable of the caller's, as before
 
 
 def test_oci_create_refuses_unprivileged_mig_as_the_wrapper_does(tmp_path):
