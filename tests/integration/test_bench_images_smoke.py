@@ -65,9 +65,10 @@ def test_results_hold_every_part(bench):
     assert pull["gpusandbox_max_rss_mb"] > 0
     sec = im["second"]
     # The second image shares 4 of 5 layers: its config and new layer come
-    # from the registry, nothing else.
+    # from the registry, nothing else; the store keeps its manifest and
+    # config, not the new layer's compressed blob once it is unpacked.
     assert sec["new_layer_fetched"] and sec["shared_layers_fetched"] == 0, sec
-    assert sec["blobs_fetched"] == 2 and sec["store_blobs_added"] == 3, sec
+    assert sec["blobs_fetched"] == 2 and sec["store_blobs_added"] == 2, sec
     assert sec["bytes_fetched"] >= sec["new_layer_bytes"]
     # Only the new layer is unpacked (the store keeps each layer once), as
     # root and rootless.
