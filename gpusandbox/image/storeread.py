@@ -105,9 +105,15 @@ class StoreReader:
 
     def read_file(self, rel, limit=1 << 20):
         """At most `limit` bytes of a file of the store, read on the raw fd
-        (no buffered file object: a cached `run` reads two small files)."""
-        fd = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        (no buffered file object: a cached `run` reads two small files).
+        Opened non-blocking and read only when it is a regular file: a FIFO
+        or device node put in a store's place never blocks or feeds a read
+        (EINVAL, as any other unreadable entry)."""
+        fd = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=self.fd)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", rel)
             return read_fd(fd, limit, 1 << 16)
         finally:
             os.close(fd)

@@ -83,3 +83,18 @@ def test_the_root_is_held_from_the_store_fd_not_resolved_again(cached):  # noqa:
         assert os.fstat(fd).st_ino == want != os.stat(rootfs).st_ino
     finally:
         os.close(spec.image_fd)
+
+
+def test_a_fifo_in_place_of_a_store_file_is_refused_not_waited_on(tmp_path):
+    """A ref or record replaced by a FIFO (or any non-regular file) is an
+    unreadable entry at once: the lookup never blocks in open(2) or read(2)."""
+    import errno
+    import pytest
+    root = tmp_path / "s"
+    root.mkdir(mode=0o700)
+    (root / "refs").mkdir()
+    os.mkfifo(root / "refs" / "x")
+    st = StoreReader(str(root))
+    with pytest.raises(OSError) as e:
+        st.read_file("refs/x")
+    assert e.value.errno == errno.EINVAL
