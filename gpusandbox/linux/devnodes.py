@@ -4,6 +4,7 @@ linux.devices, a user namespace of its own, `create` as real root)."""
 import os
 
 from . import mounts as m
+from .host import map_id
 from . import sys as k
 
 
@@ -14,10 +15,10 @@ def premake_devices(nodes, idmaps):
     container ids map to, and hands the init a detached clone of each to
     attach at its path.  Returns [(path, mount fd)]."""
     def host_id(rows, cid, what, path):
-        for inside, outside, size in rows:
-            if inside <= cid < inside + size:
-                return outside + cid - inside
-        raise OSError(22, f"linux.devices {path}: {what} {cid} is not mapped in the user namespace")
+        out = map_id(cid, rows)
+        if out is None:
+            raise OSError(22, f"linux.devices {path}: {what} {cid} is not mapped in the user namespace")
+        return out
     stage = m.new_fs("tmpfs", ("mode=0700",), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC)
     out = []
     try:
