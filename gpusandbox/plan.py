@@ -118,6 +118,9 @@ class LaunchPlan:
                  # supplementary groups set (None: cleared or kept, clear_groups),
                  # no_new_privs, umask (None: inherited)
                  "groups", "no_new_privs", "umask",
+                 # per-process kernel settings (oci/configproc.ProcSettings) or
+                 # None; whether stdio is handed to the command's user (OCI doors)
+                 "proc_settings", "stdio_owner",
                  # /proc and /sys paths hidden (tried as files, as directories)
                  # and frozen read-only
                  "masked_files", "masked_dirs", "readonly_paths", "env", "argv", "workdir",
@@ -150,6 +153,8 @@ class LaunchPlan:
         self.groups = None
         self.no_new_privs = True
         self.umask = None
+        self.proc_settings = None
+        self.stdio_owner = False
         # runc's defaults (`run`); an OCI config's own lists replace them.
         self.masked_files, self.masked_dirs = MASKED_FILES, MASKED_DIRS
         self.readonly_paths = READONLY_PATHS
@@ -398,7 +403,7 @@ def build(spec, host_env=None):
     plan.dirs = sealed_dirs(plan)
     if spec.oci is not None:
         from .oci import configplan
-        plan.seccomp = configplan.seccomp(spec.oci)
+        plan.seccomp = configplan.seccomp(spec.oci.seccomp)
         configplan.premake(plan, spec.oci)
     elif spec.seccomp != "unconfined":
         from .linux import seccomp

@@ -24,20 +24,12 @@ from ..linux.host import NS_FLAGS, initial_userns
 from .confighost import _devices
 from .configfield import _bad, _get, _strs
 from .configplan import OciRequest
+from .configprocess import CAPS, RLIMITS, cap_sets  # noqa: F401 - the callers' names
+from .configprocess import parse as parse_process
 from .configsysctl import sysctl_namespaced as _sysctl_namespaced
 
 MAX_CONFIG = 4 << 20
 
-CAPS = ("CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP "
-        "LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER "
-        "SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE "
-        "SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
-        "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF "
-        "CHECKPOINT_RESTORE").split()
-RLIMITS = {"RLIMIT_CPU": 0, "RLIMIT_FSIZE": 1, "RLIMIT_DATA": 2, "RLIMIT_STACK": 3,
-           "RLIMIT_CORE": 4, "RLIMIT_RSS": 5, "RLIMIT_NPROC": 6, "RLIMIT_NOFILE": 7,
-           "RLIMIT_MEMLOCK": 8, "RLIMIT_AS": 9, "RLIMIT_LOCKS": 10, "RLIMIT_SIGPENDING": 11,
-           "RLIMIT_MSGQUEUE": 12, "RLIMIT_NICE": 13, "RLIMIT_RTPRIO": 14, "RLIMIT_RTTIME": 15}
 # Mounts the init makes itself, with the same filesystem, at these places.
 SYSTEM_MOUNTS = {("/proc", "proc"), ("/sys", "sysfs"), ("/sys", "bind"), ("/dev", "tmpfs"),
                  ("/dev/pts", "devpts"), ("/sys/fs/cgroup", "cgroup"),
@@ -58,12 +50,8 @@ class Mount:
 
 class OciExtras:
     """What the stages do for an OCI launch beyond a RunSpec (plan.oci)."""
-    __slots__ = ("mounts", "masked", "readonly", "sysctl", "rlimits", "groups", "umask",
-                 "fifo", "oom_score_adj", "hooks", "annotations", "ns_join", "terminal",
-                 # (bounding, effective, permitted, inheritable, ambient) numbers
-                 "caps", "nnp", "domainname",
-                 # configproc.ProcSettings, or None
-                 "proc",
+    __slots__ = ("mounts", "masked", "readonly", "sysctl", "fifo", "hooks", "annotations",
+                 "ns_join", "domainname",
                  # the OCI state the init's createContainer/startContainer hooks
                  # get (create.py fills it; the init adds its own pid)
                  "hook_state",
@@ -101,23 +89,6 @@ def read(bundle, path=None):
     if not isinstance(conf, dict):
         raise _bad(path, "not a JSON object")
     return conf
-
-
-def _caps(names, where):
-    out = []
-    for n in _strs(names, where):
-        short = n[4:] if n.startswith("CAP_") else n
-        if short not in CAPS:
-            raise _bad(where, f"unknown capability {n}")
-        out.append(CAPS.index(short))
-    return tuple(sorted(set(out)))
-
-
-def cap_sets(capset):
-    """(bounding, effective, permitted, inheritable, ambient) of an OCI
-    process.capabilities object, as capability numbers."""
-    return tuple(_caps(capset.get(name) or [], f"process.capabilities.{name}")
-                 for name in ("bounding", "effective", "permitted", "inheritable", "ambient"))
 
 
 def _mount(i, ent, bundle):
@@ -285,17 +256,8 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     rpath = _get(root, "path", str, "root", "rootfs")
     spec.image = os.path.join(bundle, rpath)
     spec.rootfs_mode = "ro" if _get(root, "readonly", bool, "root", False) else "rw"
-    spec.argv = _strs(_get(proc, "args", list, "process", []), "process.args")
-    if not spec.argv:
-        raise _bad("process.args", "empty")
-    env = []
-    for item in _strs(_get(proc, "env", list, "process", []), "process.env"):
-        key, eq, val = item.partition("=")
-        if eq and key:
-            env.append((key, val))
-    cwd = _get(proc, "cwd", str, "process", "/")
-    if not cwd.startswith("/"):
-        raise _bad("process.cwd", "must be an absolute path")
+    pr = parse_process(proc, linux)
+    spec.argv, env, cwd = pr.args, pr.env, pr.cwd
     listen = host_env.get("LISTEN_FDS", "")
     if listen.isdigit() and 0 < int(listen) < 1024:
         # systemd socket activation through the runtime (runc's and crun's
@@ -304,11 +266,10 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
         env += [("LISTEN_FDS", listen), ("LISTEN_PID", "1")]
         preserve_fds += int(listen)
     spec.image_env = (env, cwd)
-    spec.tty = _get(proc, "terminal", bool, "process", False)
+    spec.tty = pr.terminal
     spec.hostname = _get(conf, "hostname", str, "hostname") or None
     spec.seccomp = "unconfined"     # the config's own profile is set on the plan
-    user = _get(proc, "user", dict, "process", {})
-    uid, gid = _get(user, "uid", int, "process.user", 0), _get(user, "gid", int, "process.user", 0)
+    uid, gid = pr.uid, pr.gid
     flags, join, userns = _namespaces(linux, real_root)
     spec.userns = "host" if real_root and not userns else "single"
     if spec.userns == "host":
@@ -352,28 +313,11 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
             raise _bad("linux.sysctl", f"invalid key {key!r}")
         _sysctl_namespaced(key, val, flags, join, conf.get("domainname"), NS_FLAGS)
         x.sysctl.append((key, val))
-    x.rlimits = []
-    for i, r in enumerate(_get(proc, "rlimits", list, "process", [])):
-        t = _get(r, "type", str, f"process.rlimits[{i}]")
-        if t not in RLIMITS:
-            raise _bad(f"process.rlimits[{i}]", f"unknown rlimit {t}")
-        x.rlimits.append((RLIMITS[t], _get(r, "soft", int, t), _get(r, "hard", int, t)))
-    groups = _get(user, "additionalGids", list, "process.user")
-    x.groups = [g for g in groups if isinstance(g, int)] if groups is not None else None
-    x.umask = _get(user, "umask", int, "process.user")
     x.fifo = fifo
-    x.oom_score_adj = _get(proc, "oomScoreAdj", int, "process")
     x.hooks = _get(conf, "hooks", dict, "hooks", {})
     x.annotations = _get(conf, "annotations", dict, "annotations", {})
-    if x.annotations.get("run.oci.keep_original_groups") == "1":
-        x.groups = None     # crun's annotation: the caller's groups stay (apply())
     x.ns_join = join
-    x.terminal = spec.tty
-    x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
-    x.nnp = _get(proc, "noNewPrivileges", bool, "process", False)
     x.domainname = _get(conf, "domainname", str, "domainname") or None
-    from .configproc import parse as proc_settings
-    x.proc = proc_settings(proc, linux) or None
     own_uts = flags & NS_FLAGS["uts"] or any(t == "uts" for t, _ in join)
     if x.domainname and not own_uts:
         raise _bad("domainname", "needs a uts namespace of the container's")
@@ -391,7 +335,7 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
                         "bundle": bundle, "annotations": x.annotations}
     x.premade = None
     req = OciRequest()
-    req.flags, req.join, req.uid, req.gid = flags, join, uid, gid
+    req.flags, req.join, req.process = flags, join, pr
     req.idmaps = _idmaps(linux, uid, gid) if userns else None
     req.seccomp = seccomp
     req.dev_rules = dev_rules

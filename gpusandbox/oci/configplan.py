@@ -15,8 +15,9 @@ class OciRequest:
     __slots__ = (
         # clone flags of the new namespaces; [(type, path)] joined by `create`
         "flags", "join",
-        # process.user ids; (uid rows, gid rows) of a user namespace, else None
-        "uid", "gid", "idmaps",
+        # the process object (configprocess.Process); (uid rows, gid rows)
+        # of a user namespace, else None
+        "process", "idmaps",
         # linux.seccomp, parsed (None: no filter)
         "seccomp",
         # linux.resources.devices allowed: [("c", major, minor, access)]
@@ -32,6 +33,27 @@ class OciRequest:
         "extras")
 
 
+def process(plan, pr, keep_groups=False):
+    """The command's plan fields from a process object (configprocess.Process):
+    the container's (`create`, through identity) and one more process in it
+    (`exec`) alike.  keep_groups: the process keeps the groups it has (a
+    user namespace that denies setgroups(2), crun's keep_original_groups)."""
+    plan.cmd_uid, plan.cmd_gid = pr.uid, pr.gid
+    # (bounding, effective, permitted, inheritable, ambient), each its own
+    (plan.cap_bounding, plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
+     plan.cap_ambient) = pr.caps
+    plan.no_new_privs = pr.nnp
+    plan.umask = pr.umask
+    plan.proc_settings = pr.settings
+    # As runc and crun: the process's stdio is handed to its user.
+    plan.stdio_owner = True
+    if keep_groups:
+        plan.clear_groups = False
+        plan.groups = None
+    else:
+        plan.groups = pr.groups
+
+
 def identity(plan, req):
     """The plan's namespaces, ids, id map and capabilities, from the config
     alone (plan._identity's counterpart for an OCI launch)."""
@@ -39,12 +61,6 @@ def identity(plan, req):
     real_root = os.geteuid() == 0
     plan.real_root = real_root
     plan.clone_flags = req.flags
-    # (bounding, effective, permitted, inheritable, ambient), each its own
-    (plan.cap_bounding, plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
-     plan.cap_ambient) = x.caps
-    plan.no_new_privs = x.nnp
-    plan.umask = x.umask
-    plan.cmd_uid, plan.cmd_gid = req.uid, req.gid
     plan.idmap = None
     plan.devpts_gid = None
     if req.idmaps is None:
@@ -65,14 +81,11 @@ def identity(plan, req):
             plan.idmap = ("full", uids, gids)
             plan.userns = "subids"
             plan.clear_groups = True
-    if x.annotations.get("run.oci.keep_original_groups") == "1":
-        plan.clear_groups = False
-    if setgroups_denied():
-        # The same namespace may deny setgroups(2) (user_namespaces(7)): the
-        # process keeps the groups it has there, which map to nothing more.
-        plan.clear_groups = False
-        x.groups = None
-    plan.groups = x.groups
+    # crun's annotation: the caller's groups stay.  The same namespace may
+    # deny setgroups(2) (user_namespaces(7)): the process keeps the groups it
+    # has there, which map to nothing more.
+    process(plan, req.process, x.annotations.get("run.oci.keep_original_groups") == "1"
+            or setgroups_denied())
     if plan.devpts_gid is not None and not gid_mapped(plan.devpts_gid):
         # Rootless podman whose user has no subordinate gids: the runtime is
         # root of a namespace mapping one gid, where devpts refuses gid=5.
@@ -110,15 +123,16 @@ def paths(plan, req):
     plan.readonly_paths = x.readonly
 
 
-def seccomp(req):
-    """The config's seccomp program, or None."""
-    if not req.seccomp:
+def seccomp(doc):
+    """The program of a config's linux.seccomp document (the container's, for
+    `create` and `exec` alike), or None."""
+    if not doc:
         return None
     from . import fastjson as json
     from ..linux import seccomp as sc
     # The parsed document (compile_bytes would dump and parse it again,
     # through the json package), its text only to find it in the cache.
-    return sc.compile_document(req.seccomp, json.dumps(req.seccomp).encode(), "linux.seccomp")
+    return sc.compile_document(doc, json.dumps(doc).encode(), "linux.seccomp")
 
 
 def premake(plan, req):

@@ -264,13 +264,13 @@ def process_settings(ps):
 
 
 def before_privileges(plan):
-    """What the command stage of an OCI process does while it is still root:
-    the scheduling settings and stdio handed to the process's user (runc's
-    and crun's rules)."""
-    ps = getattr(plan.oci, "proc", None)
-    if ps is not None:
-        process_settings(ps)
-    _chown_stdio(plan.cmd_uid, plan.cmd_gid)
+    """What the command stage does while it is still root: the process's
+    kernel settings (plan.proc_settings) and, for the OCI doors, its stdio
+    handed to its user (plan.stdio_owner: runc's and crun's rules)."""
+    if plan.proc_settings is not None:
+        process_settings(plan.proc_settings)
+    if plan.stdio_owner:
+        _chown_stdio(plan.cmd_uid, plan.cmd_gid)
 
 
 def _chown_stdio(uid, gid):
@@ -293,7 +293,7 @@ def before_exec(plan):
     """Process settings that apply to the command only."""
     if plan.umask is not None:
         os.umask(plan.umask)
-    ps = getattr(plan.oci, "proc", None)
+    ps = plan.proc_settings
     if ps is not None and ps.cpus_final is not None:
         # execCPUAffinity.final: the workload's own CPUs, set last so that the
         # setup before it ran on the initial ones (runtime-spec config.md).

@@ -60,8 +60,9 @@ def test_translation(tmp_path):
     data = x.mounts[1]
     assert (data.ro, data.noexec, data.recursive, data.nosuid) == (True, True, True, False)
     assert x.mounts[0].data == ("source=mqueue",)
-    assert x.caps[0] == (0, 5) and x.caps[1] == (5,) and x.caps[4] == ()
-    assert x.rlimits == [(7, 10, 20)] and x.umask == 18
+    pr = req.process
+    assert pr.caps[0] == (0, 5) and pr.caps[1] == (5,) and pr.caps[4] == ()
+    assert pr.rlimits == [(7, 10, 20)] and pr.umask == 18
     assert x.sysctl == [("net.ipv4.ping_group_range", "0 0")]
     assert req.dev_rules == [("c", 10, 200, "rw")]
     assert req.keep_fds == (3, 4)

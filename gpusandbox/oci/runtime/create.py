@@ -43,18 +43,18 @@ def _setns(join):
         host.close_ns(fds)
 
 
-def _rlimits(x):
+def _rlimits(pr):
     import resource
-    for res, soft, hard in x.rlimits:
+    for res, soft, hard in pr.rlimits:
         try:
             resource.setrlimit(res, (soft, hard))
         except (OSError, ValueError) as e:
             name = [n for n, v in ociconfig.RLIMITS.items() if v == res][0]
             raise SandboxError(f"setting {name} to {soft}:{hard}", str(e),
                                "lower it in the config (podman: --ulimit)") from None
-    if x.oom_score_adj is not None:
+    if pr.oom_score_adj is not None:
         with open("/proc/self/oom_score_adj", "w") as f:
-            f.write(str(x.oom_score_adj))
+            f.write(str(pr.oom_score_adj))
 
 
 def _import_socket():
@@ -107,9 +107,9 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         os.chmod(fifo, 0o622)
         spec = ociconfig.load(bundle, os.environ, fifo, preserve_fds, config_path, cid)
         x = spec.oci.extras
-        if x.terminal and not console:
+        if spec.tty and not console:
             raise SandboxError("process.terminal is set but no --console-socket was given")
-        if x.terminal:
+        if spec.tty:
             _import_socket()
         spec.best_effort = True
         plan = planmod.build(spec, spec.oci.plan_env)
@@ -117,7 +117,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             log.warn(w)
         if x.hook_state:
             from . import hooks  # noqa: F401 - run by the init, a clone of this process
-        _rlimits(x)
+        _rlimits(spec.oci.process)
         _setns(x.ns_join)
         if spec.hostname and any(t == "uts" for t, _ in x.ns_join):
             # A uts namespace given by path is the container's: its hostname
@@ -127,7 +127,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             except OSError as e:
                 raise SandboxError("setting the hostname in the joined uts namespace",
                                    e.strerror) from None
-        tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if x.terminal else None
+        tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if spec.tty else None
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
         limits = None
         if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
