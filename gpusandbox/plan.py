@@ -129,6 +129,10 @@ class LaunchPlan:
                  "own_cgroup", "squash", "squash_pid", "forced_env", "pod", "gpu",
                  # IMAGE is the host's root (hostroot.py): tmpfs to hide, sockets to cover
                  "host_root", "hide", "masks",
+                 # the image is not the launch's to change (--rw, the host's
+                 # root): the edits create nothing in it and the driver's
+                 # files go to our own /run (gpu/inject.py PRIVATE)
+                 "keep_image",
                  # an OCI runtime launch (oci/config.py OciExtras), else None
                  "oci")
 
@@ -162,6 +166,7 @@ class LaunchPlan:
         self.pod = None
         self.oci = None
         self.host_root = False
+        self.keep_image = False
         self.hide = ()
         self.masks = ()
         # The GPU selection (gpu/select.Selection), None when the launch has
@@ -358,6 +363,10 @@ def build(spec, host_env=None):
     else:
         image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)
+    # An OCI config's root.path is the container's own root (podman's
+    # --rootfs, its overlay): written to as runc and the hook do, the driver
+    # in the image's own paths.
+    plan.keep_image = plan.host_root or (spec.rootfs_mode == "rw" and spec.oci is None)
     gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
     _devices(plan, spec)
     if spec.oci is not None:
@@ -441,7 +450,7 @@ def _normalise_paths(plan):
     e = plan.edits
     for item in e.device_nodes + e.mounts + e.symlinks + e.files + e.tmpfs:
         item.path = container_path(item.path)
-    if (plan.spec.rootfs_mode == "rw" or plan.host_root) and e.mounts:
+    if plan.keep_image and e.mounts:
         # --rw, the host's root: GPU binaries live on our own /run tmpfs (see gpu/inject.py).
         from .gpu.inject import PRIVATE_BIN
         if any(m.path.startswith(PRIVATE_BIN + "/") for m in e.mounts):

@@ -108,6 +108,7 @@ class _Plan:
         rootfs_mode = "overlay"
 
     host_root = False       # a container's root is never the host's
+    keep_image = False      # the container's own root: edits create their points
 
     def __init__(self, edits):
         self.edits = edits

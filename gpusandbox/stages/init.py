@@ -120,7 +120,7 @@ def _rootfs(plan):
 def _apply_edits(plan, rootfd, nodes, mounts):
     """GPU (or CDI) edits, in the order the edits module documents."""
     edits = plan.edits
-    rw = plan.spec.rootfs_mode == "rw" or plan.host_root
+    rw = plan.keep_image
 
     def tgt(rootfd, path, kind="dir"):
         # --rw, the host's root: the image is the root, and edits never

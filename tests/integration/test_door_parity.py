@@ -92,8 +92,6 @@ ALLOWED = [
     (PODMAN, ANY, "mounts", r"^[-+]" + _DRIVER,
      "the OCI doors inject the driver where the edits of a written-through root put it "
      "(/run/gpusandbox, docs/runtime.md), run binds it into the read-only image's own paths"),
-    (GSBX_OCI, ANY, "mounts", r"^\+/run/gpusandbox/(bin|lib)/",
-     "gpusandbox-oci puts the driver's files under /run/gpusandbox (docs/oci.md)"),
     (RUNC, ANY, "mounts",
      r"^([-~]/dev(/| )|[-~]/(tmp|run|sys|proc|etc/ld\.so\.cache)( |/)|\+/sys/fs/cgroup/|"
      r"-/sys/fs/cgroup#)",
@@ -103,12 +101,6 @@ ALLOWED = [
 
 # (doors, modes, aspect, pattern, the bug on today's main): strict xfails.
 BUGS = [
-    ({"podman-oci"}, ANY, "env", r"^~PATH \S+ -> /run/gpusandbox/bin:",
-     "issue 24: gpusandbox-oci create prepends /run/gpusandbox/bin to PATH; runc runs "
-     "process.env as given"),
-    ({"slurm-oci"}, ("rootless",), "env", r"^-PARITY ",
-     "slurm-oci run as the job's user drops the bundle's process.env variables other than "
-     "the job's (docs/slurm-testbed.md: it adopts the bundle's environment)"),
 ]
 
 
