@@ -28,7 +28,6 @@ pytestmark = [pytest.mark.slow,
 
 PODMAN = {"podman-oci", "oci-exec", "podman-wrapper", "podman-filter", "podman-hook"}
 RUNC = {"podman-wrapper", "podman-filter", "podman-hook"}
-GSBX_OCI = {"podman-oci", "oci-exec"}
 ANY = ("root", "rootless")
 _DRIVER = r"(/usr/(lib|bin)/|/etc/OpenCL/|/var/run/nvidia-persistenced/|/run/nvidia-persistenced/)"
 
