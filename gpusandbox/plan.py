@@ -7,6 +7,7 @@ import os
 import stat
 
 from . import environ as envmod
+from . import mountops
 from . import netdefault
 from .edits import ContainerEdits
 from .errors import SandboxError, UsageError
@@ -31,7 +32,7 @@ USERNS_HINT = ("user namespaces look disabled here: enable them with "
 
 # Paths under these are mount points inside filesystems the launcher mounts
 # itself (a fresh procfs, sysfs, our tmpfs): never created in the image.
-OWN_FS = ("/proc/", "/sys/", "/dev/", "/tmp/", "/run/")
+OWN_FS = mountops.OWN_FS
 
 
 def mount_points(plan):
@@ -41,20 +42,10 @@ def mount_points(plan):
     directories they do not own)."""
     points = [("/proc", "dir"), ("/sys", "dir"), ("/dev", "dir"), ("/tmp", "dir"),
               ("/run", "dir")]
-    for mnt in plan.edits.mounts:
-        if mnt.kind is None:
-            mnt.kind = "dir" if os.path.isdir(mnt.host_path) else "file"
-        points.append((mnt.path, mnt.kind))
-    for f in plan.edits.files:
-        points.append((f.path, "file"))
-    for b in plan.binds:
-        points.append((b.dst, b.kind))
-    if plan.oci is not None:
-        points += [(mt.destination, mt.target_kind) for mt in plan.oci.mounts]
+    points += mountops.points(plan.mounts)
     points.append((plan.workdir, "dir"))
     points = [(p, k) for p, k in points if not p.startswith(OWN_FS) and p != "/"]
-    links = [(ln.path, ln.target) for ln in plan.edits.symlinks
-             if not ln.path.startswith(OWN_FS)]
+    links = [(p, t) for p, t in mountops.links(plan.mounts) if not p.startswith(OWN_FS)]
     return points, links
 
 
@@ -133,7 +124,18 @@ class LaunchPlan:
                  # root): the edits create nothing in it and the driver's
                  # files go to our own /run (gpu/inject.py PRIVATE)
                  "keep_image",
-                 # an OCI runtime launch (oci/config.py OciExtras), else None
+                 # the mount operations after the system mounts, in order
+                 # (mountops.MountOp: the edits', the binds', an OCI config's),
+                 # and the options of the init's own /run (a MountOp, or None)
+                 "mounts", "run_tmpfs",
+                 # kernel settings of the container: [(sysctl key, value)],
+                 # its NIS domain name, [(RLIMIT_*, soft, hard)], oom_score_adj
+                 "sysctl", "domainname", "rlimits", "oom_score_adj",
+                 # OCI hooks (the config's hooks object) and the state the
+                 # init's createContainer/startContainer hooks get, or None
+                 "hooks", "hook_state",
+                 # a created container's life (oci/config.py OciExtras: the
+                 # fifo `start` opens), else None
                  "oci")
 
     def __init__(self, spec):
@@ -167,6 +169,14 @@ class LaunchPlan:
         self.oci = None
         self.host_root = False
         self.keep_image = False
+        self.mounts = []
+        self.run_tmpfs = None
+        self.sysctl = ()
+        self.domainname = None
+        self.rlimits = ()
+        self.oom_score_adj = None
+        self.hooks = {}
+        self.hook_state = None
         self.hide = ()
         self.masks = ()
         # The GPU selection (gpu/select.Selection), None when the launch has
@@ -408,6 +418,13 @@ def build(spec, host_env=None):
     if plan.host_root:
         from . import hostroot
         hostroot.finish(plan, spec, home, host_env)
+    # One ordered list of mount operations: the edits' (GPU, CDI, devices),
+    # the binds', an OCI config's (and its made devices: configplan.premake).
+    plan.mounts = mountops.from_edits(plan.edits, plan.keep_image) + \
+        mountops.from_binds(plan.binds)
+    if spec.oci is not None:
+        from .oci import configplan
+        plan.mounts += configplan.mounts(plan, spec.oci)
     plan.points, plan.links = mount_points(plan)
     plan.dirs = sealed_dirs(plan)
     if spec.oci is not None:

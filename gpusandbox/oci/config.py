@@ -18,9 +18,9 @@ import stat
 # The json package's results without its import of re and enum (`create`).
 from . import fastjson as json
 from ..errors import UsageError
-from ..imageroot import container_path
 from ..spec import RunSpec
 from ..linux.host import NS_FLAGS, initial_userns
+from . import configmount
 from .confighost import _devices
 from .configfield import _bad, _get, _strs
 from .configplan import OciRequest
@@ -30,40 +30,10 @@ from .configsysctl import sysctl_namespaced as _sysctl_namespaced
 
 MAX_CONFIG = 4 << 20
 
-# Mounts the init makes itself, with the same filesystem, at these places.
-SYSTEM_MOUNTS = {("/proc", "proc"), ("/sys", "sysfs"), ("/sys", "bind"), ("/dev", "tmpfs"),
-                 ("/dev/pts", "devpts"), ("/sys/fs/cgroup", "cgroup"),
-                 ("/sys/fs/cgroup", "cgroup2")}
-FS_TYPES = ("tmpfs", "mqueue", "devpts", "proc", "sysfs")
-FLAG_OPTS = {"ro", "rw", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "bind", "rbind",
-             "private", "rprivate", "slave", "rslave", "relatime", "norelatime", "strictatime",
-             "nostrictatime", "noatime", "atime", "nodiratime", "diratime", "sync", "async",
-             "tmpcopyup", "mand", "nomand", "silent", "loud", "defaults", "norbind", "noiversion"}
-REFUSED_OPTS = {"shared", "rshared", "unbindable", "runbindable", "remount", "dirsync",
-                "idmap", "ridmap"}
-
-
-class Mount:
-    __slots__ = ("destination", "kind", "source", "fstype", "data", "recursive", "ro",
-                 "nosuid", "nodev", "noexec", "target_kind")
-
-
 class OciExtras:
-    """What the stages do for an OCI launch beyond a RunSpec (plan.oci)."""
-    __slots__ = ("mounts", "masked", "readonly", "sysctl", "fifo", "hooks", "annotations",
-                 "ns_join", "domainname",
-                 # the OCI state the init's createContainer/startContainer hooks
-                 # get (create.py fills it; the init adds its own pid)
-                 "hook_state",
-                 # linux.devices the init creates: (path, S_IF type, major,
-                 # minor, mode, uid, gid)
-                 "mknod",
-                 # how many of `mounts` the init attaches before /sys (None:
-                 # /sys with the other system mounts, first)
-                 "sys_at",
-                 # [(path, detached mount fd)]: the mknod entries `create` made
-                 # for a container with a user namespace (linux/devnodes.premake_devices)
-                 "premade")
+    """What a created container's life adds to a plan (plan.oci): the exec
+    fifo `start` opens, the namespaces `create` joined, the annotations."""
+    __slots__ = ("fifo", "annotations", "ns_join")
 
 
 def read(bundle, path=None):
@@ -89,54 +59,6 @@ def read(bundle, path=None):
     if not isinstance(conf, dict):
         raise _bad(path, "not a JSON object")
     return conf
-
-
-def _mount(i, ent, bundle):
-    where = f"mounts[{i}]"
-    if not isinstance(ent, dict):
-        raise _bad(where, "not an object")
-    dst = _get(ent, "destination", str, where)
-    if not dst or not dst.startswith("/") or "\0" in dst:
-        raise _bad(where, "destination must be an absolute path")
-    dst = container_path(dst)
-    typ = _get(ent, "type", str, where) or ""
-    opts = _strs(_get(ent, "options", list, where, []), where + ".options")
-    if (dst, typ) in SYSTEM_MOUNTS or (dst == "/dev/pts" and typ == "devpts"):
-        return None
-    bind = typ in ("bind", "none", "") or "bind" in opts or "rbind" in opts
-    for o in opts:
-        if o in REFUSED_OPTS:
-            raise _bad(where, f"option {o} on {dst} is not supported",
-                       "gpusandbox keeps every container mount private")
-    m = Mount()
-    m.destination = dst
-    m.ro = "ro" in opts
-    m.nosuid = "nosuid" in opts
-    m.nodev = "nodev" in opts
-    m.noexec = "noexec" in opts
-    if bind:
-        src = _get(ent, "source", str, where)
-        if not src or "\0" in src:
-            raise _bad(where, "a bind mount needs a source")
-        src = os.path.join(bundle, src)
-        try:
-            st = os.stat(src)
-        except OSError as e:
-            raise _bad(where, f"bind source {src}: {e.strerror}") from None
-        m.kind, m.source, m.fstype, m.data = "bind", src, None, ()
-        m.recursive = "rbind" in opts
-        m.target_kind = "dir" if stat.S_ISDIR(st.st_mode) else "file"
-        return m
-    if typ not in FS_TYPES:
-        raise _bad(where, f"filesystem type {typ!r} at {dst} is not supported",
-                   f"use a bind mount or one of {', '.join(FS_TYPES)}")
-    if typ in ("proc", "sysfs"):
-        raise _bad(where, f"{typ} at {dst} is not supported",
-                   "the container gets its own /proc and /sys")
-    m.kind, m.source, m.fstype, m.recursive, m.target_kind = "fs", None, typ, False, "dir"
-    src = _get(ent, "source", str, where) or typ
-    m.data = (f"source={src}",) + tuple(o for o in opts if o not in FLAG_OPTS)
-    return m
 
 
 def _namespaces(linux, real_root):
@@ -291,35 +213,19 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
             if host_env.get(ENV_DIRS):
                 plan_env[ENV_DIRS] = host_env[ENV_DIRS]
     x = OciExtras()
-    x.mounts, x.sys_at = [], None
-    for i, e in enumerate(_get(conf, "mounts", list, "mounts", [])):
-        m = _mount(i, e, bundle)
-        if m is not None:
-            x.mounts.append(m)
-        elif x.sys_at is None and isinstance(e, dict) and e.get("destination") == "/sys":
-            # The init's own /sys goes at this place among the config's mounts,
-            # unless one of those goes under /sys before it.
-            x.sys_at = len(x.mounts)
-    if x.sys_at is not None and any(m.destination.startswith("/sys/")
-                                    for m in x.mounts[:x.sys_at]):
-        x.sys_at = None
-    x.masked = tuple(_strs(_get(linux, "maskedPaths", list, "linux", []), "linux.maskedPaths"))
-    x.readonly = tuple(_strs(_get(linux, "readonlyPaths", list, "linux", []),
-                             "linux.readonlyPaths"))
-    x.sysctl = []
+    x.fifo = fifo
+    x.annotations = _get(conf, "annotations", dict, "annotations", {})
+    x.ns_join = join
+    sysctl = []
     for key, val in _get(linux, "sysctl", dict, "linux", {}).items():
         if not all(w and w.replace("_", "").replace("-", "").isalnum() for w in key.split(".")) \
                 or not isinstance(val, str):
             raise _bad("linux.sysctl", f"invalid key {key!r}")
         _sysctl_namespaced(key, val, flags, join, conf.get("domainname"), NS_FLAGS)
-        x.sysctl.append((key, val))
-    x.fifo = fifo
-    x.hooks = _get(conf, "hooks", dict, "hooks", {})
-    x.annotations = _get(conf, "annotations", dict, "annotations", {})
-    x.ns_join = join
-    x.domainname = _get(conf, "domainname", str, "domainname") or None
+        sysctl.append((key, val))
+    domainname = _get(conf, "domainname", str, "domainname") or None
     own_uts = flags & NS_FLAGS["uts"] or any(t == "uts" for t, _ in join)
-    if x.domainname and not own_uts:
+    if domainname and not own_uts:
         raise _bad("domainname", "needs a uts namespace of the container's")
     if spec.hostname and not own_uts:
         raise _bad("hostname", "needs a uts namespace of the container's")
@@ -327,13 +233,13 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     if seccomp and (seccomp.get("listenerPath") or seccomp.get("flags")):
         raise _bad("linux.seccomp", "listenerPath and flags are not supported",
                    "gpusandbox's filter has no user-space notifier and no filter flags")
-    x.hook_state = None
-    if x.hooks.get("createContainer") or x.hooks.get("startContainer"):
+    hooks = _get(conf, "hooks", dict, "hooks", {})
+    hook_state = None
+    if hooks.get("createContainer") or hooks.get("startContainer"):
         # The OCI state the init's createContainer/startContainer hooks get
         # (the init adds its own pid).
-        x.hook_state = {"ociVersion": "1.0.2", "id": cid, "status": "created",
-                        "bundle": bundle, "annotations": x.annotations}
-    x.premade = None
+        hook_state = {"ociVersion": "1.0.2", "id": cid, "status": "created",
+                      "bundle": bundle, "annotations": x.annotations}
     req = OciRequest()
     req.flags, req.join, req.process = flags, join, pr
     req.idmaps = _idmaps(linux, uid, gid) if userns else None
@@ -342,6 +248,12 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     req.devices = _devices(linux, make=real_root and initial_userns())
     req.keep_fds = _open_fds(preserve_fds)
     req.plan_env = plan_env
+    req.mounts = configmount.mounts(conf, bundle)
+    req.masked = tuple(_strs(_get(linux, "maskedPaths", list, "linux", []),
+                             "linux.maskedPaths"))
+    req.readonly = tuple(_strs(_get(linux, "readonlyPaths", list, "linux", []),
+                               "linux.readonlyPaths"))
+    req.sysctl, req.domainname, req.hooks, req.hook_state = sysctl, domainname, hooks, hook_state
     req.extras = x
     spec.oci = req
     return spec

@@ -8,7 +8,6 @@ import os
 from ..linux import mounts as m
 from ..linux import sys as k
 from ..plan import STD_DEVICES
-from . import ocisetup
 
 
 def sysfs_alone():
@@ -48,8 +47,8 @@ def system_mounts(plan, rootfd, src):
     # Each fresh filesystem names its type as its source (mountinfo), as runc's do.
     m.attach(m.new_fs("proc", ("source=proc",), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/proc", strict=True), "mounting /proc")
-    if plan.oci is None or plan.oci.sys_at is None:
-        sysfs(plan, rootfd, src)
+    if not any(op.op == "sysfs" for op in plan.mounts):
+        sysfs(plan, rootfd, src)      # else where the ops place it (mountexec)
     m.attach(m.new_fs("tmpfs", ("source=tmpfs", "mode=0755", "size=4m"),
                       k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NOEXEC),
              tgt(rootfd, "/dev", strict=True), "mounting /dev")
@@ -74,8 +73,17 @@ def system_mounts(plan, rootfd, src):
     tmp_attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
     for path, mode in (("/dev/shm", "1777"), ("/tmp", "1777"), ("/run", "0755")):
         data, attrs = (f"mode={mode}",), tmp_attrs
-        if path == "/run" and plan.oci is not None:
-            data, attrs = ocisetup.run_tmpfs(plan, data, attrs)
+        if path == "/run" and plan.run_tmpfs is not None:
+            # An OCI config's tmpfs at /run (containerd's default spec has
+            # one) is our own /run with its options (size, mode; noexec
+            # added): mounted over ours later, it would hide what GPU
+            # injection put under /run (the persistenced socket).
+            own = plan.run_tmpfs
+            data = own.data
+            attrs |= ((k.MOUNT_ATTR_RDONLY if own.ro else 0)
+                      | (k.MOUNT_ATTR_NOSUID if own.nosuid else 0)
+                      | (k.MOUNT_ATTR_NODEV if own.nodev else 0)
+                      | (k.MOUNT_ATTR_NOEXEC if own.noexec else 0))
         fs = src.pop("shm") if path == "/dev/shm" and "shm" in src else \
             m.new_fs("tmpfs", data, attrs)
         m.attach(fs, tgt(rootfd, path, strict=True), f"mounting {path}")
@@ -83,7 +91,7 @@ def system_mounts(plan, rootfd, src):
 
 def sysfs(plan, rootfd, src, fresh=False):
     """/sys read-only, what is mounted on the host's covered, the cgroup view.
-    An OCI config may place it after mounts of its own (ocisetup.mounts):
+    An OCI config may place it after mounts of its own (a "sysfs" mount op):
     fresh then clones it again, since the mount table lists mounts in the
     order they were made (the kernel's unique mount id), not attached."""
     tgt = m.open_target
