@@ -7,9 +7,8 @@ import os
 import stat
 
 from . import environ as envmod
-from . import mountops
 from . import netdefault
-from .edits import ContainerEdits
+from .edits import OWN_FS, ContainerEdits, from_binds, from_edits, op_links, op_points
 from .errors import SandboxError, UsageError
 from .imageroot import container_path, image_root, is_host_root, root_identity
 from .linux import sys as k
@@ -30,9 +29,6 @@ USERNS_HINT = ("user namespaces look disabled here: enable them with "
                "'gpusandbox doctor' checks this")
 
 
-# Paths under these are mount points inside filesystems the launcher mounts
-# itself (a fresh procfs, sysfs, our tmpfs): never created in the image.
-OWN_FS = mountops.OWN_FS
 
 
 def mount_points(plan):
@@ -42,10 +38,10 @@ def mount_points(plan):
     directories they do not own)."""
     points = [("/proc", "dir"), ("/sys", "dir"), ("/dev", "dir"), ("/tmp", "dir"),
               ("/run", "dir")]
-    points += mountops.points(plan.mounts)
+    points += op_points(plan.mounts)
     points.append((plan.workdir, "dir"))
     points = [(p, k) for p, k in points if not p.startswith(OWN_FS) and p != "/"]
-    links = [(p, t) for p, t in mountops.links(plan.mounts) if not p.startswith(OWN_FS)]
+    links = [(p, t) for p, t in op_links(plan.mounts) if not p.startswith(OWN_FS)]
     return points, links
 
 
@@ -125,7 +121,7 @@ class LaunchPlan:
                  # files go to our own /run (gpu/inject.py PRIVATE)
                  "keep_image",
                  # the mount operations after the system mounts, in order
-                 # (mountops.MountOp: the edits', the binds', an OCI config's),
+                 # (edits.MountOp: the edits', the binds', an OCI config's),
                  # and the options of the init's own /run (a MountOp, or None)
                  "mounts", "run_tmpfs",
                  # kernel settings of the container: [(sysctl key, value)],
@@ -420,8 +416,7 @@ def build(spec, host_env=None):
         hostroot.finish(plan, spec, home, host_env)
     # One ordered list of mount operations: the edits' (GPU, CDI, devices),
     # the binds', an OCI config's (and its made devices: configplan.premake).
-    plan.mounts = mountops.from_edits(plan.edits, plan.keep_image) + \
-        mountops.from_binds(plan.binds)
+    plan.mounts = from_edits(plan.edits, plan.keep_image) + from_binds(plan.binds)
     if spec.oci is not None:
         from .oci import configplan
         plan.mounts += configplan.mounts(plan, spec.oci)

@@ -1,5 +1,5 @@
 """An OCI config's mounts read as data into the plan's one mount type
-(mountops.MountOp), in the config's order: binds of the bundle's paths and
+(edits.MountOp), in the config's order: binds of the bundle's paths and
 fresh filesystems, and a "sysfs" op where the config lists /sys among its
 own (the init's /sys goes there).  The mounts the init makes itself
 (SYSTEM_MOUNTS) are left out; what gpusandbox cannot honour is refused with
@@ -8,7 +8,7 @@ import os
 import stat
 
 from ..imageroot import container_path
-from ..mountops import MountOp
+from ..edits import MountOp
 from .configfield import _bad, _get, _strs
 
 # Mounts the init makes itself, with the same filesystem, at these places.

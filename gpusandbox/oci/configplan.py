@@ -137,7 +137,7 @@ def mounts(plan, req):
     writable /run tmpfs as the options of the init's own /run
     (plan.run_tmpfs: mounted over ours, it would hide what GPU injection put
     under /run)."""
-    from ..mountops import run_tmpfs
+    from ..edits import run_tmpfs
     ops = list(req.mounts)
     if any(op.path.startswith("/sys/") for op in plan.mounts):
         ops = [op for op in ops if op.op != "sysfs"]
@@ -163,7 +163,7 @@ def premake(plan, req):
     own, made now (linux/devnodes.premake_devices) for the init to attach;
     else by the init's mknod.  Last in plan.build: the caller closes the
     premade nodes' descriptors with the plan (mountexec.held_fds)."""
-    from ..mountops import devices as device_ops
+    from ..edits import devices as device_ops
     made = req.devices[1]
     premade = None
     if made and plan.clone_flags & NS_FLAGS["user"]:

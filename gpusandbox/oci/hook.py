@@ -16,7 +16,7 @@ as a directory fd and every target inside it is reached with openat2
 RESOLVE_IN_ROOT or RESOLVE_BENEATH|NO_SYMLINKS (linux.mounts), and mounts
 are attached to those fds: a link swapped during injection can only make
 the hook fail, never mount or write outside the root.  The edits become
-the plan's mount ops (mountops.from_edits) and the init's own executor
+the plan's mount ops (edits.from_edits) and the init's own executor
 (stages/mountexec.py) applies them: one code path with `run`.
 
 Nothing of the container's environment reaches the hook (CVE-2025-23266):
@@ -117,7 +117,7 @@ def run(stage):
     from gpusandbox.errors import GpuError
     from gpusandbox.gpu import inject
     from gpusandbox.oci import configedit
-    from gpusandbox.mountops import from_edits
+    from gpusandbox.edits import from_edits
     from gpusandbox.stages import mountexec
     state = _read_state()
     bundle = state["bundle"]

@@ -12,6 +12,7 @@ from ..linux import net
 from ..linux import sys as k
 from ..plan import STD_DEVICES
 from . import command, mountexec, ocisetup, sysmounts
+from .mountexec import KERNEL
 from .channel import fail, pause_point
 
 _SIGCHLD = 17
@@ -106,6 +107,37 @@ def _rootfs(plan):
         if plan.squash:
             os.close(plan.rootfd)
     return root
+
+
+def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL):
+    """The sandbox's tree over the attached root, in order, each step named
+    (for the error line) before it runs: the system mounts, the host's homes
+    and sockets covered (IMAGE `/`), the plan's mount ops (/sys where they
+    place it), the container's kernel settings, the hooks point and the
+    createContainer hooks, the masks.  The kernel is `kern`
+    (mountexec.Kernel)."""
+    yield "mounting /proc, /sys, /dev, /tmp, /run"
+    sysmounts.system_mounts(plan, rootfd, src, kern)
+    if plan.host_root:
+        yield "hiding the homes and host sockets"
+        from . import hostroot
+        hostroot.cover(plan, rootfd)
+    pause_point(plan, "init-mounts")
+    yield "mounting the GPU edits, -v/--mount and the config's mounts"
+    mountexec.apply(plan.mounts, rootfd, fds,
+                    lambda: sysmounts.sysfs(plan, rootfd, src, True, kern), kern)
+    yield "setting the container's kernel settings"
+    ocisetup.kernel_settings(plan, rootfd, kern)
+    if ocisetup.runtime_hooks(plan):
+        yield "waiting for the prestart and createRuntime hooks"
+        ocisetup.hooks_point(plan, err_w, go_r)
+        os.close(go_r)
+    if plan.hook_state:
+        yield "running the createContainer hooks"
+        ocisetup.container_hooks(plan, "createContainer", life["pid"],
+                                 plan.hook_state["bundle"])
+    yield "masking /proc and /sys paths"
+    sysmounts.mask(rootfd, plan, kern)
 
 
 def _pivot(rootfd):
@@ -215,27 +247,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
             rootfd = hostroot.root()
         else:
             rootfd = _rootfs(plan)
-        step = "mounting /proc, /sys, /dev, /tmp, /run"
-        sysmounts.system_mounts(plan, rootfd, src)
-        if plan.host_root:
-            step = "hiding the homes and host sockets"
-            from . import hostroot
-            hostroot.cover(plan, rootfd)
-        pause_point(plan, "init-mounts")
-        step = "mounting the GPU edits, -v/--mount and the config's mounts"
-        mountexec.apply(plan.mounts, rootfd, fds, lambda: sysmounts.sysfs(plan, rootfd, src, True))
-        step = "setting the container's kernel settings"
-        ocisetup.kernel_settings(plan, rootfd)
-        if ocisetup.runtime_hooks(plan):
-            step = "waiting for the prestart and createRuntime hooks"
-            ocisetup.hooks_point(plan, err_w, go_r)
-            os.close(go_r)
-        if plan.hook_state:
-            step = "running the createContainer hooks"
-            ocisetup.container_hooks(plan, "createContainer", life["pid"],
-                                     plan.hook_state["bundle"])
-        step = "masking /proc and /sys paths"
-        sysmounts.mask(rootfd, plan)
+        for step in tree_steps(plan, rootfd, src, fds, life, err_w, go_r):
+            pass
         step = f"opening the working directory {plan.workdir}"
         wdfd = m.open_target(rootfd, plan.workdir, "dir", create=True)
         if plan.spec.rootfs_mode == "ro":

@@ -80,22 +80,15 @@ def container_hooks(plan, stage, pid, cwd=None):
         raise OSError(0, e.line()) from None    # the init reports an OSError's text as is
 
 
-def kernel_settings(plan, rootfd):
+def kernel_settings(plan, rootfd, kern):
     """The container's domain name (in its own UTS namespace: oci/config.py
     insists on one) and sysctls, after the mounts and before the masking
     makes /proc/sys read-only."""
     if plan.domainname:
-        name = plan.domainname.encode()
-        k._check(k.libc.setdomainname(name, len(name)), "setdomainname")
+        kern.setdomainname(plan.domainname.encode())
     for key, value in plan.sysctl:
         # The key was checked as dotted words (oci/config.py): no '..' and no '/'.
-        path = "proc/sys/" + key.replace(".", "/")
-        fd = k.openat2(rootfd, path, os.O_WRONLY, 0,
-                       k.RESOLVE_IN_ROOT | k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS)
-        try:
-            os.write(fd, value.encode())
-        finally:
-            os.close(fd)
+        kern.write_in_root(rootfd, "proc/sys/" + key.replace(".", "/"), value.encode())
 
 
 def wait_start(plan, err_w, src, tty_slave=None):

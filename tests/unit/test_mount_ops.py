@@ -1,4 +1,4 @@
-"""Mounts as data (gpusandbox/mountops.py): every door's mount requests become
+"""Mounts as data (edits.MountOp, gpusandbox/edits.py): every door's mount requests become
 one ordered list of MountOps in the plan, which one executor applies
 (stages/mountexec.py, the init's and the OCI hook's).  The executor is run
 here against a recording double of the kernel's mount calls: what it
@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from gpusandbox import mountops
+from gpusandbox import edits
 from gpusandbox import plan as planmod
 from gpusandbox.cli import parse_run_args
 from gpusandbox.edits import ContainerEdits, DeviceNode, File, Mount, Symlink, Tmpfs
@@ -17,6 +17,8 @@ from gpusandbox.oci import config as oc
 from gpusandbox.spec import Bind
 from gpusandbox.spec import Tmpfs as SpecTmpfs
 from gpusandbox.stages import mountexec
+from gpusandbox.stages.mountexec import KERNEL
+from gpusandbox.stages.mountexec import Kernel as RealKernel
 
 
 def _edits(tmp_path):
@@ -32,7 +34,7 @@ def _edits(tmp_path):
 
 
 def test_edits_become_ops_in_the_documented_order(tmp_path):
-    ops = mountops.from_edits(_edits(tmp_path))
+    ops = edits.from_edits(_edits(tmp_path))
     assert [(o.op, o.path) for o in ops] == [
         ("fs", "/proc/driver/nvidia"), ("node", "/dev/nvidia0"),
         ("bind", "/usr/lib/x/libcuda.so.1"), ("bind", "/run/nvidia-persistenced"),
@@ -48,7 +50,7 @@ def test_edits_become_ops_in_the_documented_order(tmp_path):
 def test_a_kept_image_gets_nothing_created_outside_our_filesystems(tmp_path):
     """--rw, the host's root (plan.keep_image): targets outside /proc, /sys,
     /dev, /tmp and /run must exist; links there are left out."""
-    ops = mountops.from_edits(_edits(tmp_path), keep_image=True)
+    ops = edits.from_edits(_edits(tmp_path), keep_image=True)
     assert {o.path: o.create for o in ops if o.op != "symlink"} == {
         "/proc/driver/nvidia": True, "/dev/nvidia0": True, "/usr/lib/x/libcuda.so.1": False,
         "/run/nvidia-persistenced": True, "/etc/ld.so.cache": False}
@@ -56,7 +58,7 @@ def test_a_kept_image_gets_nothing_created_outside_our_filesystems(tmp_path):
 
 
 def test_binds_keep_their_order_and_are_nosuid_nodev(tmp_path):
-    ops = mountops.from_binds([Bind(str(tmp_path), "/a", False, "dir"),
+    ops = edits.from_binds([Bind(str(tmp_path), "/a", False, "dir"),
                                SpecTmpfs("/a/t", size=4096, mode=0o700),
                                Bind(str(tmp_path), "/b", True, "dir")])
     assert [(o.op, o.path, o.ro, o.nosuid, o.nodev) for o in ops] == [
@@ -114,24 +116,20 @@ def test_sys_goes_first_when_a_mount_before_it_is_under_it(tmp_path):
 
 # --- the executor, against a recording double of the kernel's mount calls ----------
 
-class Kernel:
-    """linux.mounts and the mount_setattr of linux.sys as mountexec calls
-    them: each call recorded, each detached mount a name."""
+class Kernel(RealKernel):
+    """The kernel interface (mountexec.Kernel) with its mount calls recorded
+    and every detached mount a descriptor of the test's root; files are the
+    real kernel's, in that root."""
 
-    def __init__(self, monkeypatch, root):
+    def __init__(self, root):
         self.calls = []
         self.root = root
-        m = mountexec.m
-        for name in ("clone_tree", "clone_source", "open_host_node", "restrict", "attach",
-                     "new_fs", "open_target"):
-            monkeypatch.setattr(m, name, getattr(self, name))
-        monkeypatch.setattr(mountexec.k, "mount_setattr", self.mount_setattr)
 
     def _fd(self, what):
         self.calls.append(what)
         return os.open(self.root, os.O_PATH | os.O_CLOEXEC)
 
-    def clone_tree(self, source, recursive=True, dirfd=None):
+    def clone_tree(self, source, recursive=True, dirfd=-100):
         return self._fd(("clone", source, recursive))
 
     def clone_source(self, path, ident=None):
@@ -140,7 +138,7 @@ class Kernel:
     def open_host_node(self, path, major, minor):
         return self._fd(("node", path, major, minor))
 
-    def new_fs(self, fstype, options=(), attrs=0):
+    def new_fs(self, fstype, options, attrs):
         return self._fd(("new", fstype, tuple(options), attrs))
 
     def open_target(self, rootfd, path, kind="dir", create=True, strict=False):
@@ -160,15 +158,14 @@ class Kernel:
         self.calls.append(("setattr", attrs, recursive))
 
 
-def test_the_executor_clones_host_sources_first_then_applies_in_order(tmp_path,
-                                                                       monkeypatch):
+def test_the_executor_clones_host_sources_first_then_applies_in_order(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
-    kern = Kernel(monkeypatch, str(root))
-    ops = mountops.from_edits(_edits(tmp_path)) + \
-        mountops.from_binds([Bind(str(tmp_path), "/data", True, "dir")])
-    ops.insert(3, mountops.MountOp("sysfs", "/sys"))
-    fds = mountexec.open_sources(ops)
+    kern = Kernel(str(root))
+    ops = edits.from_edits(_edits(tmp_path)) + \
+        edits.from_binds([Bind(str(tmp_path), "/data", True, "dir")])
+    ops.insert(3, edits.MountOp("sysfs", "/sys"))
+    fds = mountexec.open_sources(ops, kern)
     # Host side: only binds and nodes, each cloned (the edits' non-recursively).
     assert kern.calls == [("node", "/dev/null", 1, 3), ("clone", "", False),
                           ("clone", str(tmp_path), False), ("clone", str(tmp_path), False),
@@ -178,7 +175,7 @@ def test_the_executor_clones_host_sources_first_then_applies_in_order(tmp_path,
     kern.calls.clear()
     sysfs = []
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY)
-    mountexec.apply(ops, rootfd, fds, lambda: sysfs.append(len(kern.calls)))
+    mountexec.apply(ops, rootfd, fds, lambda: sysfs.append(len(kern.calls)), kern)
     attached = [c[1] for c in kern.calls if c[0] == "attach"]
     assert attached == [
         "mounting tmpfs at /proc/driver/nvidia", "binding device /dev/null",
@@ -198,28 +195,27 @@ def test_the_executor_clones_host_sources_first_then_applies_in_order(tmp_path,
     assert kern.calls[-2] == ("restrict", False, True, True, False, True)
 
 
-def test_a_symlink_already_right_is_kept_and_a_wrong_one_replaced(tmp_path, monkeypatch):
+def test_a_symlink_already_right_is_kept_and_a_wrong_one_replaced(tmp_path):
+    """The real kernel: no mount is made for links."""
     root = tmp_path / "root"
     (root / "l").mkdir(parents=True)
     os.symlink("right", root / "l" / "a")
     os.symlink("wrong", root / "l" / "b")
     (root / "l" / "c").write_text("a file of the image")
-    Kernel(monkeypatch, str(root))
-    ops = [mountops.MountOp("symlink", f"/l/{n}", "file", target="right") for n in "abc"]
+    ops = [edits.MountOp("symlink", f"/l/{n}", "file", target="right") for n in "abc"]
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY)
     before = os.lstat(root / "l" / "a").st_ino
-    mountexec.apply(ops, rootfd, mountexec.open_sources(ops))
+    mountexec.apply(ops, rootfd, mountexec.open_sources(ops, KERNEL), kern=KERNEL)
     assert [os.readlink(root / "l" / n) for n in "abc"] == ["right"] * 3
     assert os.lstat(root / "l" / "a").st_ino == before
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs CAP_MKNOD")
-def test_mknod_replaces_what_is_there_and_sets_owner_and_mode(tmp_path, monkeypatch):
+def test_mknod_replaces_what_is_there_and_sets_owner_and_mode(tmp_path):
     root = tmp_path / "root"
     (root / "dev").mkdir(parents=True)
     (root / "dev" / "zz").write_text("not a node")
-    Kernel(monkeypatch, str(root))
-    ops = mountops.devices([("/dev/zz", stat.S_IFCHR, 1, 5, 0o640, 7, 8)])
+    ops = edits.devices([("/dev/zz", stat.S_IFCHR, 1, 5, 0o640, 7, 8)])
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY)
     mountexec.apply(ops, rootfd, mountexec.open_sources(ops))
     st = os.lstat(root / "dev" / "zz")
