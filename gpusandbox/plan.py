@@ -8,7 +8,7 @@ import stat
 
 from . import environ as envmod
 from . import netdefault
-from .edits import ContainerEdits
+from .edits import OWN_FS, ContainerEdits, from_binds, from_edits, op_links, op_points
 from .errors import SandboxError, UsageError
 from .imageroot import container_path, image_root, is_host_root, root_identity
 from .linux import sys as k
@@ -29,9 +29,6 @@ USERNS_HINT = ("user namespaces look disabled here: enable them with "
                "'gpusandbox doctor' checks this")
 
 
-# Paths under these are mount points inside filesystems the launcher mounts
-# itself (a fresh procfs, sysfs, our tmpfs): never created in the image.
-OWN_FS = ("/proc/", "/sys/", "/dev/", "/tmp/", "/run/")
 
 
 def mount_points(plan):
@@ -41,20 +38,10 @@ def mount_points(plan):
     directories they do not own)."""
     points = [("/proc", "dir"), ("/sys", "dir"), ("/dev", "dir"), ("/tmp", "dir"),
               ("/run", "dir")]
-    for mnt in plan.edits.mounts:
-        if mnt.kind is None:
-            mnt.kind = "dir" if os.path.isdir(mnt.host_path) else "file"
-        points.append((mnt.path, mnt.kind))
-    for f in plan.edits.files:
-        points.append((f.path, "file"))
-    for b in plan.binds:
-        points.append((b.dst, b.kind))
-    if plan.oci is not None:
-        points += [(mt.destination, mt.target_kind) for mt in plan.oci.mounts]
+    points += op_points(plan.mounts)
     points.append((plan.workdir, "dir"))
     points = [(p, k) for p, k in points if not p.startswith(OWN_FS) and p != "/"]
-    links = [(ln.path, ln.target) for ln in plan.edits.symlinks
-             if not ln.path.startswith(OWN_FS)]
+    links = [(p, t) for p, t in op_links(plan.mounts) if not p.startswith(OWN_FS)]
     return points, links
 
 
@@ -118,6 +105,9 @@ class LaunchPlan:
                  # supplementary groups set (None: cleared or kept, clear_groups),
                  # no_new_privs, umask (None: inherited)
                  "groups", "no_new_privs", "umask",
+                 # per-process kernel settings (oci/configproc.ProcSettings) or
+                 # None; whether stdio is handed to the command's user (OCI doors)
+                 "proc_settings", "stdio_owner",
                  # /proc and /sys paths hidden (tried as files, as directories)
                  # and frozen read-only
                  "masked_files", "masked_dirs", "readonly_paths", "env", "argv", "workdir",
@@ -126,7 +116,22 @@ class LaunchPlan:
                  "own_cgroup", "squash", "squash_pid", "forced_env", "pod", "gpu",
                  # IMAGE is the host's root (hostroot.py): tmpfs to hide, sockets to cover
                  "host_root", "hide", "masks",
-                 # an OCI runtime launch (oci/config.py OciExtras), else None
+                 # the image is not the launch's to change (--rw, the host's
+                 # root): the edits create nothing in it and the driver's
+                 # files go to our own /run (gpu/inject.py PRIVATE)
+                 "keep_image",
+                 # the mount operations after the system mounts, in order
+                 # (edits.MountOp: the edits', the binds', an OCI config's),
+                 # and the options of the init's own /run (a MountOp, or None)
+                 "mounts", "run_tmpfs",
+                 # kernel settings of the container: [(sysctl key, value)],
+                 # its NIS domain name, [(RLIMIT_*, soft, hard)], oom_score_adj
+                 "sysctl", "domainname", "rlimits", "oom_score_adj",
+                 # OCI hooks (the config's hooks object) and the state the
+                 # init's createContainer/startContainer hooks get, or None
+                 "hooks", "hook_state",
+                 # a created container's life (oci/config.py OciExtras: the
+                 # fifo `start` opens), else None
                  "oci")
 
     def __init__(self, spec):
@@ -150,6 +155,8 @@ class LaunchPlan:
         self.groups = None
         self.no_new_privs = True
         self.umask = None
+        self.proc_settings = None
+        self.stdio_owner = False
         # runc's defaults (`run`); an OCI config's own lists replace them.
         self.masked_files, self.masked_dirs = MASKED_FILES, MASKED_DIRS
         self.readonly_paths = READONLY_PATHS
@@ -157,6 +164,15 @@ class LaunchPlan:
         self.pod = None
         self.oci = None
         self.host_root = False
+        self.keep_image = False
+        self.mounts = []
+        self.run_tmpfs = None
+        self.sysctl = ()
+        self.domainname = None
+        self.rlimits = ()
+        self.oom_score_adj = None
+        self.hooks = {}
+        self.hook_state = None
         self.hide = ()
         self.masks = ()
         # The GPU selection (gpu/select.Selection), None when the launch has
@@ -353,6 +369,10 @@ def build(spec, host_env=None):
     else:
         image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)
+    # An OCI config's root.path is the container's own root (podman's
+    # --rootfs, its overlay): written to as runc and the hook do, the driver
+    # in the image's own paths.
+    plan.keep_image = plan.host_root or (spec.rootfs_mode == "rw" and spec.oci is None)
     gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
     _devices(plan, spec)
     if spec.oci is not None:
@@ -394,11 +414,17 @@ def build(spec, host_env=None):
     if plan.host_root:
         from . import hostroot
         hostroot.finish(plan, spec, home, host_env)
+    # One ordered list of mount operations: the edits' (GPU, CDI, devices),
+    # the binds', an OCI config's (and its made devices: configplan.premake).
+    plan.mounts = from_edits(plan.edits, plan.keep_image) + from_binds(plan.binds)
+    if spec.oci is not None:
+        from .oci import configplan
+        plan.mounts += configplan.mounts(plan, spec.oci)
     plan.points, plan.links = mount_points(plan)
     plan.dirs = sealed_dirs(plan)
     if spec.oci is not None:
         from .oci import configplan
-        plan.seccomp = configplan.seccomp(spec.oci)
+        plan.seccomp = configplan.seccomp(spec.oci.seccomp)
         configplan.premake(plan, spec.oci)
     elif spec.seccomp != "unconfined":
         from .linux import seccomp
@@ -436,7 +462,7 @@ def _normalise_paths(plan):
     e = plan.edits
     for item in e.device_nodes + e.mounts + e.symlinks + e.files + e.tmpfs:
         item.path = container_path(item.path)
-    if (plan.spec.rootfs_mode == "rw" or plan.host_root) and e.mounts:
+    if plan.keep_image and e.mounts:
         # --rw, the host's root: GPU binaries live on our own /run tmpfs (see gpu/inject.py).
         from .gpu.inject import PRIVATE_BIN
         if any(m.path.startswith(PRIVATE_BIN + "/") for m in e.mounts):

@@ -51,7 +51,7 @@ def _inject(plan, spec, rootfd, req, req_env, host_env):
     if warn:
         plan.warnings.append(warn)
     edits = inject.build_edits(host, sel, rootfd, host_env,
-                               private=spec.rootfs_mode == "rw" or plan.host_root,
+                               private=plan.keep_image,
                                notes=plan.notes, compat=decision,
                                in_place=plan.host_root and _same_root(roots[0]))
     if spec.gpu_memory is not None or spec.gpu_compute is not None:

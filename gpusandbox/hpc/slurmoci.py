@@ -32,7 +32,9 @@ root sandbox.  As real root, `run` therefore keeps the launcher's own
 environment, hands the task's job variables (environ.JOB_PREFIXES) to the
 command as data (`-e`, which nothing on the host side reads), and takes
 `--gpus auto` from the task's device cgroup alone; PMIx directories the job
-names are not bound (a note says so).
+names are not bound (a note says so).  Run as the job's user, the bundle's
+environment is the launcher's own and reaches the command as with
+`--env-host`: every variable but PATH, HOME and environ.NEVER_PASS.
 
 The sandbox lives exactly as long as the RunTimeRun process (a launcher never
 outlives its sandbox), and slurmstepd asks for the state only after that process
@@ -197,7 +199,11 @@ def main(argv):
             if node:
                 # slurmstepd's own variable, the one per-task fact its environment has.
                 os.environ["SLURMD_NODENAME"] = node
-            opts = _gpus_from_cgroup(opts, os.environ)
+            # The bundle's process.env is the workload's environment (as a
+            # runtime runs a bundle's process): passed to the command as
+            # --env-host passes the caller's own, PATH and HOME as `run` sets
+            # them and never what environ.NEVER_PASS names.
+            opts = ["--env-host", *_gpus_from_cgroup(opts, os.environ)]
         from ..cli import main_run
         code = main_run([*opts, image, "--", *args])
         sys.stdout.flush()

@@ -161,24 +161,24 @@ def clone_tree(source, recursive=True, dirfd=k.AT_FDCWD):
     return k.open_tree(dirfd, source, flags)
 
 
-def clone_source(mnt):
-    """A detached bind of an edits.Mount's host path.  One with an ident
+def clone_source(host_path, ident=None):
+    """A detached bind of a mount's host path.  One with an ident
     (a directory checked by descriptor where other users can write) is
     walked again without following a symlink and bound only when it is the
     same inode: the checker's own descriptor may belong to another mount
     namespace, which mount calls refuse."""
-    if not mnt.ident:
-        return clone_tree(mnt.host_path, recursive=False)
+    if not ident:
+        return clone_tree(host_path, recursive=False)
     try:
-        fd = k.openat2(k.AT_FDCWD, mnt.host_path, k.O_PATH | os.O_DIRECTORY, 0,
+        fd = k.openat2(k.AT_FDCWD, host_path, k.O_PATH | os.O_DIRECTORY, 0,
                        k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS)
     except OSError as e:
-        raise MountError(e.errno, f"{mnt.host_path} changed while the sandbox was being "
+        raise MountError(e.errno, f"{host_path} changed while the sandbox was being "
                          f"set up ({os.strerror(e.errno)})") from None
     try:
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != tuple(mnt.ident):
-            raise MountError(errno.ESTALE, f"{mnt.host_path} was replaced while the sandbox "
+        if (st.st_dev, st.st_ino) != tuple(ident):
+            raise MountError(errno.ESTALE, f"{host_path} was replaced while the sandbox "
                              "was being set up")
         return clone_tree("", recursive=False, dirfd=fd)
     finally:

@@ -18,64 +18,22 @@ import stat
 # The json package's results without its import of re and enum (`create`).
 from . import fastjson as json
 from ..errors import UsageError
-from ..imageroot import container_path
 from ..spec import RunSpec
 from ..linux.host import NS_FLAGS, initial_userns
+from . import configmount
 from .confighost import _devices
 from .configfield import _bad, _get, _strs
 from .configplan import OciRequest
+from .configprocess import CAPS, RLIMITS, cap_sets  # noqa: F401 - the callers' names
+from .configprocess import parse as parse_process
 from .configsysctl import sysctl_namespaced as _sysctl_namespaced
 
 MAX_CONFIG = 4 << 20
 
-CAPS = ("CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP "
-        "LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER "
-        "SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE "
-        "SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP "
-        "MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF "
-        "CHECKPOINT_RESTORE").split()
-RLIMITS = {"RLIMIT_CPU": 0, "RLIMIT_FSIZE": 1, "RLIMIT_DATA": 2, "RLIMIT_STACK": 3,
-           "RLIMIT_CORE": 4, "RLIMIT_RSS": 5, "RLIMIT_NPROC": 6, "RLIMIT_NOFILE": 7,
-           "RLIMIT_MEMLOCK": 8, "RLIMIT_AS": 9, "RLIMIT_LOCKS": 10, "RLIMIT_SIGPENDING": 11,
-           "RLIMIT_MSGQUEUE": 12, "RLIMIT_NICE": 13, "RLIMIT_RTPRIO": 14, "RLIMIT_RTTIME": 15}
-# Mounts the init makes itself, with the same filesystem, at these places.
-SYSTEM_MOUNTS = {("/proc", "proc"), ("/sys", "sysfs"), ("/sys", "bind"), ("/dev", "tmpfs"),
-                 ("/dev/pts", "devpts"), ("/sys/fs/cgroup", "cgroup"),
-                 ("/sys/fs/cgroup", "cgroup2")}
-FS_TYPES = ("tmpfs", "mqueue", "devpts", "proc", "sysfs")
-FLAG_OPTS = {"ro", "rw", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "bind", "rbind",
-             "private", "rprivate", "slave", "rslave", "relatime", "norelatime", "strictatime",
-             "nostrictatime", "noatime", "atime", "nodiratime", "diratime", "sync", "async",
-             "tmpcopyup", "mand", "nomand", "silent", "loud", "defaults", "norbind", "noiversion"}
-REFUSED_OPTS = {"shared", "rshared", "unbindable", "runbindable", "remount", "dirsync",
-                "idmap", "ridmap"}
-
-
-class Mount:
-    __slots__ = ("destination", "kind", "source", "fstype", "data", "recursive", "ro",
-                 "nosuid", "nodev", "noexec", "target_kind")
-
-
 class OciExtras:
-    """What the stages do for an OCI launch beyond a RunSpec (plan.oci)."""
-    __slots__ = ("mounts", "masked", "readonly", "sysctl", "rlimits", "groups", "umask",
-                 "fifo", "oom_score_adj", "hooks", "annotations", "ns_join", "terminal",
-                 # (bounding, effective, permitted, inheritable, ambient) numbers
-                 "caps", "nnp", "domainname",
-                 # configproc.ProcSettings, or None
-                 "proc",
-                 # the OCI state the init's createContainer/startContainer hooks
-                 # get (create.py fills it; the init adds its own pid)
-                 "hook_state",
-                 # linux.devices the init creates: (path, S_IF type, major,
-                 # minor, mode, uid, gid)
-                 "mknod",
-                 # how many of `mounts` the init attaches before /sys (None:
-                 # /sys with the other system mounts, first)
-                 "sys_at",
-                 # [(path, detached mount fd)]: the mknod entries `create` made
-                 # for a container with a user namespace (linux/devnodes.premake_devices)
-                 "premade")
+    """What a created container's life adds to a plan (plan.oci): the exec
+    fifo `start` opens, the namespaces `create` joined, the annotations."""
+    __slots__ = ("fifo", "annotations", "ns_join")
 
 
 def read(bundle, path=None):
@@ -101,71 +59,6 @@ def read(bundle, path=None):
     if not isinstance(conf, dict):
         raise _bad(path, "not a JSON object")
     return conf
-
-
-def _caps(names, where):
-    out = []
-    for n in _strs(names, where):
-        short = n[4:] if n.startswith("CAP_") else n
-        if short not in CAPS:
-            raise _bad(where, f"unknown capability {n}")
-        out.append(CAPS.index(short))
-    return tuple(sorted(set(out)))
-
-
-def cap_sets(capset):
-    """(bounding, effective, permitted, inheritable, ambient) of an OCI
-    process.capabilities object, as capability numbers."""
-    return tuple(_caps(capset.get(name) or [], f"process.capabilities.{name}")
-                 for name in ("bounding", "effective", "permitted", "inheritable", "ambient"))
-
-
-def _mount(i, ent, bundle):
-    where = f"mounts[{i}]"
-    if not isinstance(ent, dict):
-        raise _bad(where, "not an object")
-    dst = _get(ent, "destination", str, where)
-    if not dst or not dst.startswith("/") or "\0" in dst:
-        raise _bad(where, "destination must be an absolute path")
-    dst = container_path(dst)
-    typ = _get(ent, "type", str, where) or ""
-    opts = _strs(_get(ent, "options", list, where, []), where + ".options")
-    if (dst, typ) in SYSTEM_MOUNTS or (dst == "/dev/pts" and typ == "devpts"):
-        return None
-    bind = typ in ("bind", "none", "") or "bind" in opts or "rbind" in opts
-    for o in opts:
-        if o in REFUSED_OPTS:
-            raise _bad(where, f"option {o} on {dst} is not supported",
-                       "gpusandbox keeps every container mount private")
-    m = Mount()
-    m.destination = dst
-    m.ro = "ro" in opts
-    m.nosuid = "nosuid" in opts
-    m.nodev = "nodev" in opts
-    m.noexec = "noexec" in opts
-    if bind:
-        src = _get(ent, "source", str, where)
-        if not src or "\0" in src:
-            raise _bad(where, "a bind mount needs a source")
-        src = os.path.join(bundle, src)
-        try:
-            st = os.stat(src)
-        except OSError as e:
-            raise _bad(where, f"bind source {src}: {e.strerror}") from None
-        m.kind, m.source, m.fstype, m.data = "bind", src, None, ()
-        m.recursive = "rbind" in opts
-        m.target_kind = "dir" if stat.S_ISDIR(st.st_mode) else "file"
-        return m
-    if typ not in FS_TYPES:
-        raise _bad(where, f"filesystem type {typ!r} at {dst} is not supported",
-                   f"use a bind mount or one of {', '.join(FS_TYPES)}")
-    if typ in ("proc", "sysfs"):
-        raise _bad(where, f"{typ} at {dst} is not supported",
-                   "the container gets its own /proc and /sys")
-    m.kind, m.source, m.fstype, m.recursive, m.target_kind = "fs", None, typ, False, "dir"
-    src = _get(ent, "source", str, where) or typ
-    m.data = (f"source={src}",) + tuple(o for o in opts if o not in FLAG_OPTS)
-    return m
 
 
 def _namespaces(linux, real_root):
@@ -285,17 +178,8 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     rpath = _get(root, "path", str, "root", "rootfs")
     spec.image = os.path.join(bundle, rpath)
     spec.rootfs_mode = "ro" if _get(root, "readonly", bool, "root", False) else "rw"
-    spec.argv = _strs(_get(proc, "args", list, "process", []), "process.args")
-    if not spec.argv:
-        raise _bad("process.args", "empty")
-    env = []
-    for item in _strs(_get(proc, "env", list, "process", []), "process.env"):
-        key, eq, val = item.partition("=")
-        if eq and key:
-            env.append((key, val))
-    cwd = _get(proc, "cwd", str, "process", "/")
-    if not cwd.startswith("/"):
-        raise _bad("process.cwd", "must be an absolute path")
+    pr = parse_process(proc, linux)
+    spec.argv, env, cwd = pr.args, pr.env, pr.cwd
     listen = host_env.get("LISTEN_FDS", "")
     if listen.isdigit() and 0 < int(listen) < 1024:
         # systemd socket activation through the runtime (runc's and crun's
@@ -304,11 +188,10 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
         env += [("LISTEN_FDS", listen), ("LISTEN_PID", "1")]
         preserve_fds += int(listen)
     spec.image_env = (env, cwd)
-    spec.tty = _get(proc, "terminal", bool, "process", False)
+    spec.tty = pr.terminal
     spec.hostname = _get(conf, "hostname", str, "hostname") or None
     spec.seccomp = "unconfined"     # the config's own profile is set on the plan
-    user = _get(proc, "user", dict, "process", {})
-    uid, gid = _get(user, "uid", int, "process.user", 0), _get(user, "gid", int, "process.user", 0)
+    uid, gid = pr.uid, pr.gid
     flags, join, userns = _namespaces(linux, real_root)
     spec.userns = "host" if real_root and not userns else "single"
     if spec.userns == "host":
@@ -330,52 +213,19 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
             if host_env.get(ENV_DIRS):
                 plan_env[ENV_DIRS] = host_env[ENV_DIRS]
     x = OciExtras()
-    x.mounts, x.sys_at = [], None
-    for i, e in enumerate(_get(conf, "mounts", list, "mounts", [])):
-        m = _mount(i, e, bundle)
-        if m is not None:
-            x.mounts.append(m)
-        elif x.sys_at is None and isinstance(e, dict) and e.get("destination") == "/sys":
-            # The init's own /sys goes at this place among the config's mounts,
-            # unless one of those goes under /sys before it.
-            x.sys_at = len(x.mounts)
-    if x.sys_at is not None and any(m.destination.startswith("/sys/")
-                                    for m in x.mounts[:x.sys_at]):
-        x.sys_at = None
-    x.masked = tuple(_strs(_get(linux, "maskedPaths", list, "linux", []), "linux.maskedPaths"))
-    x.readonly = tuple(_strs(_get(linux, "readonlyPaths", list, "linux", []),
-                             "linux.readonlyPaths"))
-    x.sysctl = []
+    x.fifo = fifo
+    x.annotations = _get(conf, "annotations", dict, "annotations", {})
+    x.ns_join = join
+    sysctl = []
     for key, val in _get(linux, "sysctl", dict, "linux", {}).items():
         if not all(w and w.replace("_", "").replace("-", "").isalnum() for w in key.split(".")) \
                 or not isinstance(val, str):
             raise _bad("linux.sysctl", f"invalid key {key!r}")
         _sysctl_namespaced(key, val, flags, join, conf.get("domainname"), NS_FLAGS)
-        x.sysctl.append((key, val))
-    x.rlimits = []
-    for i, r in enumerate(_get(proc, "rlimits", list, "process", [])):
-        t = _get(r, "type", str, f"process.rlimits[{i}]")
-        if t not in RLIMITS:
-            raise _bad(f"process.rlimits[{i}]", f"unknown rlimit {t}")
-        x.rlimits.append((RLIMITS[t], _get(r, "soft", int, t), _get(r, "hard", int, t)))
-    groups = _get(user, "additionalGids", list, "process.user")
-    x.groups = [g for g in groups if isinstance(g, int)] if groups is not None else None
-    x.umask = _get(user, "umask", int, "process.user")
-    x.fifo = fifo
-    x.oom_score_adj = _get(proc, "oomScoreAdj", int, "process")
-    x.hooks = _get(conf, "hooks", dict, "hooks", {})
-    x.annotations = _get(conf, "annotations", dict, "annotations", {})
-    if x.annotations.get("run.oci.keep_original_groups") == "1":
-        x.groups = None     # crun's annotation: the caller's groups stay (apply())
-    x.ns_join = join
-    x.terminal = spec.tty
-    x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
-    x.nnp = _get(proc, "noNewPrivileges", bool, "process", False)
-    x.domainname = _get(conf, "domainname", str, "domainname") or None
-    from .configproc import parse as proc_settings
-    x.proc = proc_settings(proc, linux) or None
+        sysctl.append((key, val))
+    domainname = _get(conf, "domainname", str, "domainname") or None
     own_uts = flags & NS_FLAGS["uts"] or any(t == "uts" for t, _ in join)
-    if x.domainname and not own_uts:
+    if domainname and not own_uts:
         raise _bad("domainname", "needs a uts namespace of the container's")
     if spec.hostname and not own_uts:
         raise _bad("hostname", "needs a uts namespace of the container's")
@@ -383,21 +233,27 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     if seccomp and (seccomp.get("listenerPath") or seccomp.get("flags")):
         raise _bad("linux.seccomp", "listenerPath and flags are not supported",
                    "gpusandbox's filter has no user-space notifier and no filter flags")
-    x.hook_state = None
-    if x.hooks.get("createContainer") or x.hooks.get("startContainer"):
+    hooks = _get(conf, "hooks", dict, "hooks", {})
+    hook_state = None
+    if hooks.get("createContainer") or hooks.get("startContainer"):
         # The OCI state the init's createContainer/startContainer hooks get
         # (the init adds its own pid).
-        x.hook_state = {"ociVersion": "1.0.2", "id": cid, "status": "created",
-                        "bundle": bundle, "annotations": x.annotations}
-    x.premade = None
+        hook_state = {"ociVersion": "1.0.2", "id": cid, "status": "created",
+                      "bundle": bundle, "annotations": x.annotations}
     req = OciRequest()
-    req.flags, req.join, req.uid, req.gid = flags, join, uid, gid
+    req.flags, req.join, req.process = flags, join, pr
     req.idmaps = _idmaps(linux, uid, gid) if userns else None
     req.seccomp = seccomp
     req.dev_rules = dev_rules
     req.devices = _devices(linux, make=real_root and initial_userns())
     req.keep_fds = _open_fds(preserve_fds)
     req.plan_env = plan_env
+    req.mounts = configmount.mounts(conf, bundle)
+    req.masked = tuple(_strs(_get(linux, "maskedPaths", list, "linux", []),
+                             "linux.maskedPaths"))
+    req.readonly = tuple(_strs(_get(linux, "readonlyPaths", list, "linux", []),
+                               "linux.readonlyPaths"))
+    req.sysctl, req.domainname, req.hooks, req.hook_state = sysctl, domainname, hooks, hook_state
     req.extras = x
     spec.oci = req
     return spec

@@ -15,8 +15,9 @@ class OciRequest:
     __slots__ = (
         # clone flags of the new namespaces; [(type, path)] joined by `create`
         "flags", "join",
-        # process.user ids; (uid rows, gid rows) of a user namespace, else None
-        "uid", "gid", "idmaps",
+        # the process object (configprocess.Process); (uid rows, gid rows)
+        # of a user namespace, else None
+        "process", "idmaps",
         # linux.seccomp, parsed (None: no filter)
         "seccomp",
         # linux.resources.devices allowed: [("c", major, minor, access)]
@@ -28,8 +29,38 @@ class OciRequest:
         "keep_fds",
         # the only variables GPU selection reads (NVIDIA_VISIBLE_DEVICES)
         "plan_env",
+        # the config's mounts as ops (oci/configmount.py), in its order
+        "mounts",
+        # linux.maskedPaths, linux.readonlyPaths
+        "masked", "readonly",
+        # [(key, value)] of linux.sysctl; the domain name, or None
+        "sysctl", "domainname",
+        # the hooks object; the OCI state createContainer/startContainer
+        # hooks get (None: no such hook)
+        "hooks", "hook_state",
         # what the stages do beyond a RunSpec (OciExtras: plan.oci)
         "extras")
+
+
+def process(plan, pr, keep_groups=False):
+    """The command's plan fields from a process object (configprocess.Process):
+    the container's (`create`, through identity) and one more process in it
+    (`exec`) alike.  keep_groups: the process keeps the groups it has (a
+    user namespace that denies setgroups(2), crun's keep_original_groups)."""
+    plan.cmd_uid, plan.cmd_gid = pr.uid, pr.gid
+    # (bounding, effective, permitted, inheritable, ambient), each its own
+    (plan.cap_bounding, plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
+     plan.cap_ambient) = pr.caps
+    plan.no_new_privs = pr.nnp
+    plan.umask = pr.umask
+    plan.proc_settings = pr.settings
+    # As runc and crun: the process's stdio is handed to its user.
+    plan.stdio_owner = True
+    if keep_groups:
+        plan.clear_groups = False
+        plan.groups = None
+    else:
+        plan.groups = pr.groups
 
 
 def identity(plan, req):
@@ -39,12 +70,6 @@ def identity(plan, req):
     real_root = os.geteuid() == 0
     plan.real_root = real_root
     plan.clone_flags = req.flags
-    # (bounding, effective, permitted, inheritable, ambient), each its own
-    (plan.cap_bounding, plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
-     plan.cap_ambient) = x.caps
-    plan.no_new_privs = x.nnp
-    plan.umask = x.umask
-    plan.cmd_uid, plan.cmd_gid = req.uid, req.gid
     plan.idmap = None
     plan.devpts_gid = None
     if req.idmaps is None:
@@ -65,72 +90,87 @@ def identity(plan, req):
             plan.idmap = ("full", uids, gids)
             plan.userns = "subids"
             plan.clear_groups = True
-    if x.annotations.get("run.oci.keep_original_groups") == "1":
-        plan.clear_groups = False
-    if setgroups_denied():
-        # The same namespace may deny setgroups(2) (user_namespaces(7)): the
-        # process keeps the groups it has there, which map to nothing more.
-        plan.clear_groups = False
-        x.groups = None
-    plan.groups = x.groups
+    # crun's annotation: the caller's groups stay.  The same namespace may
+    # deny setgroups(2) (user_namespaces(7)): the process keeps the groups it
+    # has there, which map to nothing more.
+    process(plan, req.process, x.annotations.get("run.oci.keep_original_groups") == "1"
+            or setgroups_denied())
     if plan.devpts_gid is not None and not gid_mapped(plan.devpts_gid):
         # Rootless podman whose user has no subordinate gids: the runtime is
         # root of a namespace mapping one gid, where devpts refuses gid=5.
         plan.devpts_gid = None
     plan.keep_fds = req.keep_fds
+    # Applied by `create` to itself before the clone: the init inherits them.
+    plan.rlimits, plan.oom_score_adj = req.process.rlimits, req.process.oom_score_adj
+    plan.sysctl, plan.domainname = req.sysctl, req.domainname
+    plan.hooks, plan.hook_state = req.hooks, req.hook_state
 
 
 def devices(plan, req):
     """linux.devices and linux.resources.devices: nodes bound from the host
-    or made by the init, and the device filter's rules for them; after the
-    GPU edits, which decide whether /sys goes before the config's mounts."""
+    (GPU-style edits) or made for the container, and the device filter's
+    rules for them."""
     from ..edits import DeviceNode
-    x = req.extras
     rules = list(req.dev_rules)
-    binds, x.mknod = req.devices
+    binds, made = req.devices
     for path, host, major, minor in binds:
         plan.edits.device_nodes.append(DeviceNode(path, host, major, minor))
         rules.append(("c", major, minor, "rw"))
-    for path, kind, major, minor, _, _, _ in x.mknod:
+    for path, kind, major, minor, _, _, _ in made:
         if not stat.S_ISFIFO(kind):
             rules.append(("b" if stat.S_ISBLK(kind) else "c", major, minor, "rwm"))
     if rules:
         plan.device_rules = list(plan.device_rules or []) + rules
-    e = plan.edits
-    if any(p.startswith("/sys/") for p in [mt.path for mt in e.mounts]
-           + [n.path for n in e.device_nodes] + [t.path for t in e.tmpfs]):
-        x.sys_at = None     # the GPU edits go under /sys: it is mounted before them
 
 
 def paths(plan, req):
     """linux.maskedPaths (each tried as a file, then a directory) and
     linux.readonlyPaths, in place of runc's defaults."""
-    x = req.extras
-    plan.masked_files = plan.masked_dirs = x.masked
-    plan.readonly_paths = x.readonly
+    plan.masked_files = plan.masked_dirs = req.masked
+    plan.readonly_paths = req.readonly
 
 
-def seccomp(req):
-    """The config's seccomp program, or None."""
-    if not req.seccomp:
+def mounts(plan, req):
+    """The config's mount ops, after the edits' and binds' (plan.mounts so
+    far): its /sys where it lists it, unless something of the plan's goes
+    under /sys (then /sys is mounted first, with the system mounts); its
+    writable /run tmpfs as the options of the init's own /run
+    (plan.run_tmpfs: mounted over ours, it would hide what GPU injection put
+    under /run)."""
+    from ..edits import run_tmpfs
+    ops = list(req.mounts)
+    if any(op.path.startswith("/sys/") for op in plan.mounts):
+        ops = [op for op in ops if op.op != "sysfs"]
+    plan.run_tmpfs = run_tmpfs(ops)
+    return [op for op in ops if op is not plan.run_tmpfs]
+
+
+def seccomp(doc):
+    """The program of a config's linux.seccomp document (the container's, for
+    `create` and `exec` alike), or None."""
+    if not doc:
         return None
     from . import fastjson as json
     from ..linux import seccomp as sc
     # The parsed document (compile_bytes would dump and parse it again,
     # through the json package), its text only to find it in the cache.
-    return sc.compile_document(req.seccomp, json.dumps(req.seccomp).encode(), "linux.seccomp")
+    return sc.compile_document(doc, json.dumps(doc).encode(), "linux.seccomp")
 
 
 def premake(plan, req):
-    """Real root, a container with a user namespace of its own: the config's
-    device nodes, made now (linux/devnodes.premake_devices), for the init to
-    attach.  Last in plan.build: the caller closes them with the plan."""
-    x = req.extras
-    x.premade = None
-    if x.mknod and plan.clone_flags & NS_FLAGS["user"]:
+    """linux.devices made for the container, after its mounts (a tmpfs there
+    does not hide them): real root, a container with a user namespace of its
+    own, made now (linux/devnodes.premake_devices) for the init to attach;
+    else by the init's mknod.  Last in plan.build: the caller closes the
+    premade nodes' descriptors with the plan (mountexec.held_fds)."""
+    from ..edits import devices as device_ops
+    made = req.devices[1]
+    premade = None
+    if made and plan.clone_flags & NS_FLAGS["user"]:
         from ..errors import SandboxError
         from ..linux.devnodes import premake_devices
         try:
-            x.premade = premake_devices(x.mknod, req.idmaps)
+            premade = premake_devices(made, req.idmaps)
         except OSError as e:
             raise SandboxError("making the config's devices", e.strerror or str(e)) from None
+    plan.mounts += device_ops(made, premade)

@@ -15,8 +15,9 @@ namespace is entered with setns (the pid from the state), the root is held
 as a directory fd and every target inside it is reached with openat2
 RESOLVE_IN_ROOT or RESOLVE_BENEATH|NO_SYMLINKS (linux.mounts), and mounts
 are attached to those fds: a link swapped during injection can only make
-the hook fail, never mount or write outside the root.  The init stage's
-own _apply_edits does the mounting: one code path with `run`.
+the hook fail, never mount or write outside the root.  The edits become
+the plan's mount ops (edits.from_edits) and the init's own executor
+(stages/mountexec.py) applies them: one code path with `run`.
 
 Nothing of the container's environment reaches the hook (CVE-2025-23266):
 `hook install` registers `python3 -I` with an explicit env, and main()
@@ -101,37 +102,6 @@ def _root_path(cfg, bundle):
     return os.path.normpath(os.path.join(bundle, path))
 
 
-class _Plan:
-    """What init._apply_edits reads of a launch plan."""
-
-    class spec:
-        rootfs_mode = "overlay"
-
-    host_root = False       # a container's root is never the host's
-
-    def __init__(self, edits):
-        self.edits = edits
-
-
-def _open_sources(edits):
-    """Clones of every host source, taken in the host's mount namespace
-    before the container's is entered (stages.init._open_sources' way)."""
-    from gpusandbox.linux import mounts as m
-    nodes = []
-    for node in edits.device_nodes:
-        fd = m.open_host_node(node.host_path, node.major, node.minor)
-        try:
-            nodes.append((node, m.clone_tree("", recursive=False, dirfd=fd)))
-        finally:
-            os.close(fd)
-    mounts = []
-    for mnt in edits.mounts:
-        if mnt.kind is None:
-            mnt.kind = "dir" if os.path.isdir(mnt.host_path) else "file"
-        mounts.append((mnt, m.clone_source(mnt)))
-    return nodes, mounts
-
-
 def _enter(pid):
     """setns into the container's mount namespace (and its user namespace
     first when it has its own)."""
@@ -147,7 +117,8 @@ def run(stage):
     from gpusandbox.errors import GpuError
     from gpusandbox.gpu import inject
     from gpusandbox.oci import configedit
-    from gpusandbox.stages.init import _apply_edits
+    from gpusandbox.edits import from_edits
+    from gpusandbox.stages import mountexec
     state = _read_state()
     bundle = state["bundle"]
     bfd = os.open(bundle, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -177,15 +148,18 @@ def run(stage):
             edits.extend(inject.build_edits(host, sel, rootfd))
     finally:
         os.close(rootfd)
+    # The container's root is its own: the edits' mount points are made in it
+    # (as runc makes its mounts'), the driver at the image's own paths.
+    ops = from_edits(edits)
     if stage == "createContainer":
         # Run by the runtime inside the container's namespaces already.
-        nodes, mounts = _open_sources(edits)
+        fds = mountexec.open_sources(ops)
     else:
         pid = state.get("pid")
         if not isinstance(pid, int) or pid <= 0:
             raise GpuError("hook: OCI state", f"no container pid for the {stage} stage")
         if real_root():
-            nodes, mounts = _open_sources(edits)
+            fds = mountexec.open_sources(ops)
             _enter(pid)
         else:
             # Rootless runc: cloning a mount needs privilege over the mount
@@ -194,13 +168,13 @@ def run(stage):
             # namespace still shows the host's tree outside the root, and
             # only the runtime has run in it.
             _enter(pid)
-            nodes, mounts = _open_sources(edits)
+            fds = mountexec.open_sources(ops)
     # In the container's namespace the root is the same path (runtimes bind
     # it onto itself before pivot_root, and hooks run before the pivot); it
     # is opened again there, and held.
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        _apply_edits(_Plan(edits), rootfd, nodes, mounts)
+        mountexec.apply(ops, rootfd, fds)
     finally:
         os.close(rootfd)
     return 0

@@ -88,9 +88,8 @@ def run(plan, err_w, wdfd, tty_slave):
             # the process's passwd entry, read while still root.
             step = "reading /etc/passwd"
             plan.env["HOME"] = _passwd_home(plan.cmd_uid)
-        if plan.oci is not None:
-            step = "applying the OCI process settings"
-            ocisetup.before_privileges(plan)
+        step = "applying the process settings"
+        ocisetup.before_privileges(plan)
         early = ocisetup.seccomp_early(plan)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.
@@ -108,9 +107,8 @@ def run(plan, err_w, wdfd, tty_slave):
         if plan.no_new_privs:
             k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
         pause_point(plan, "before-exec")
-        if plan.oci is not None:
-            step = "applying the OCI process settings"
-            ocisetup.before_exec(plan)
+        step = "applying the process settings"
+        ocisetup.before_exec(plan)
         # No PATH in the environment: execvp(3)'s search of a default one,
         # which the environment does not get.
         path = _lookup(plan.argv[0], plan.env.get("PATH", DEFAULT_PATH))

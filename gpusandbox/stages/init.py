@@ -10,8 +10,9 @@ import os
 from ..linux import mounts as m
 from ..linux import net
 from ..linux import sys as k
-from ..plan import OWN_FS, STD_DEVICES
-from . import command, ocisetup, sysmounts
+from ..plan import STD_DEVICES
+from . import command, mountexec, ocisetup, sysmounts
+from .mountexec import KERNEL
 from .channel import fail, pause_point
 
 _SIGCHLD = 17
@@ -19,9 +20,10 @@ FORWARDED = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM
 
 
 def _open_sources(plan):
-    """Clone every host source before the image's tree is attached, so that
-    no source can ever be a path inside the image, and a later mount cannot
-    shadow one (a -v source under /tmp stays reachable)."""
+    """Clone the system mounts' host sources before the image's tree is
+    attached (the plan's mount ops clone theirs: mountexec.open_sources), so
+    that no source can ever be a path inside the image, and a later mount
+    cannot shadow one (a -v source under /tmp stays reachable)."""
     src = {}
     for name in STD_DEVICES:
         src["dev:" + name] = m.clone_tree("/dev/" + name, recursive=False)
@@ -30,17 +32,7 @@ def _open_sources(plan):
         # The pod's /dev/shm: the keeper's tmpfs, which this mount namespace
         # (a copy of the keeper's) has over the pod directory's shm/.
         src["shm"] = m.clone_tree(plan.pod.shm_path, recursive=False)
-    nodes = []
-    for node in plan.edits.device_nodes:
-        fd = m.open_host_node(node.host_path, node.major, node.minor)
-        try:
-            nodes.append((node, m.clone_tree("", recursive=False, dirfd=fd)))
-        finally:
-            os.close(fd)
-    mounts = [(mnt, m.clone_source(mnt)) for mnt in plan.edits.mounts]
-    binds = [(b, None if b.src is None else m.clone_tree(b.src, recursive=True))
-             for b in plan.binds]
-    return src, nodes, mounts, binds
+    return src
 
 
 def _image_fd(plan):
@@ -117,86 +109,35 @@ def _rootfs(plan):
     return root
 
 
-def _apply_edits(plan, rootfd, nodes, mounts):
-    """GPU (or CDI) edits, in the order the edits module documents."""
-    edits = plan.edits
-    rw = plan.spec.rootfs_mode == "rw" or plan.host_root
-
-    def tgt(rootfd, path, kind="dir"):
-        # --rw, the host's root: the image is the root, and edits never
-        # create anything in it (the plan keeps them on our own filesystems
-        # or over paths the image has; a path gone since then fails the launch).
-        return m.open_target(rootfd, path, kind, create=not rw or path.startswith(OWN_FS))
-
-    # With an overlay the links already sit in its upper layer, but one whose
-    # directory the image leads into /tmp or /run (a symlinked library
-    # directory) is now under our fresh tmpfs: every link is checked again
-    # and the ones the tmpfs hid are made there (correct ones are skipped).
-    # With --rw the plan puts none outside our own filesystems.
-    links = [ln for ln in edits.symlinks if not rw or ln.path.startswith(OWN_FS)]
-    for t in edits.tmpfs:
-        fd = m.new_fs("tmpfs", ("mode=0755", "size=1m"), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
-                      | k.MOUNT_ATTR_NOEXEC)
-        m.attach(fd, tgt(rootfd, t.path), f"mounting a tmpfs at {t.path}")
-    for node, fd in nodes:
-        m.restrict(fd, ro=False, nodev=False, recursive=False)
-        m.attach(fd, tgt(rootfd, node.path, "file"), f"binding device {node.host_path}")
-    for mnt, fd in mounts:
-        m.restrict(fd, ro="rw" not in mnt.options, nosuid="nosuid" in mnt.options,
-                   nodev="nodev" in mnt.options, noexec="noexec" in mnt.options)
-        m.attach(fd, tgt(rootfd, mnt.path, mnt.kind), f"binding {mnt.host_path} at {mnt.path}")
-    for link in links:
-        parent, _, name = link.path.rpartition("/")
-        pfd = tgt(rootfd, parent or "/")
-        try:
-            try:
-                if os.readlink(name, dir_fd=pfd) == link.target:
-                    continue
-                os.unlink(name, dir_fd=pfd)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                # A non-link of that name in the image: replace it.
-                os.unlink(name, dir_fd=pfd)
-            os.symlink(link.target, name, dir_fd=pfd)
-        finally:
-            os.close(pfd)
-    if edits.files:
-        stage = m.new_fs("tmpfs", ("mode=0755", "size=16m"), k.MOUNT_ATTR_NOSUID
-                         | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
-        try:
-            for i, f in enumerate(edits.files):
-                name = f"f{i}"
-                fd = os.open(name, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, f.mode, dir_fd=stage)
-                os.write(fd, f.content)
-                os.close(fd)
-                clone = m.clone_tree(name, recursive=False, dirfd=stage)
-                m.restrict(clone, ro=True, noexec=True)
-                m.attach(clone, tgt(rootfd, f.path, "file"), f"placing {f.path}")
-        finally:
-            os.close(stage)
-    for t in edits.tmpfs:
-        if t.ro:
-            fd = tgt(rootfd, t.path)
-            try:
-                k.mount_setattr(fd, k.MOUNT_ATTR_RDONLY, recursive=False)
-            finally:
-                os.close(fd)
-
-
-def _user_binds(rootfd, binds):
-    """-v and --mount, in the order given (a later one may sit inside an
-    earlier one), each nosuid and nodev."""
-    for b, fd in binds:
-        if fd is None:
-            # --mount type=tmpfs: a fresh instance, made here where the id
-            # maps are written, so that its root is owned by the sandbox's ids.
-            fd = m.new_fs("tmpfs", b.options(), k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
-                          | (0 if b.rw else k.MOUNT_ATTR_RDONLY))
-            m.attach(fd, m.open_target(rootfd, b.dst, b.kind), f"mounting a tmpfs at {b.dst}")
-            continue
-        m.restrict(fd, ro=not b.rw, nodev=True, nosuid=True)
-        m.attach(fd, m.open_target(rootfd, b.dst, b.kind), f"binding {b.src} at {b.dst}")
+def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL):
+    """The sandbox's tree over the attached root, in order, each step named
+    (for the error line) before it runs: the system mounts, the host's homes
+    and sockets covered (IMAGE `/`), the plan's mount ops (/sys where they
+    place it), the container's kernel settings, the hooks point and the
+    createContainer hooks, the masks.  The kernel is `kern`
+    (mountexec.Kernel)."""
+    yield "mounting /proc, /sys, /dev, /tmp, /run"
+    sysmounts.system_mounts(plan, rootfd, src, kern)
+    if plan.host_root:
+        yield "hiding the homes and host sockets"
+        from . import hostroot
+        hostroot.cover(plan, rootfd)
+    pause_point(plan, "init-mounts")
+    yield "mounting the GPU edits, -v/--mount and the config's mounts"
+    mountexec.apply(plan.mounts, rootfd, fds,
+                    lambda: sysmounts.sysfs(plan, rootfd, src, True, kern), kern)
+    yield "setting the container's kernel settings"
+    ocisetup.kernel_settings(plan, rootfd, kern)
+    if ocisetup.runtime_hooks(plan):
+        yield "waiting for the prestart and createRuntime hooks"
+        ocisetup.hooks_point(plan, err_w, go_r)
+        os.close(go_r)
+    if plan.hook_state:
+        yield "running the createContainer hooks"
+        ocisetup.container_hooks(plan, "createContainer", life["pid"],
+                                 plan.hook_state["bundle"])
+    yield "masking /proc and /sys paths"
+    sysmounts.mask(rootfd, plan, kern)
 
 
 def _pivot(rootfd):
@@ -255,7 +196,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
             os._exit(125)
         # Nothing the caller's process left open stays open in the sandbox's
         # init for its whole life (stdio, the pipes and the tty socket stay).
-        _close_except({0, 1, 2, go_r, err_w, plan.rootfd, *plan.keep_fds, *ocisetup.held_fds(plan)}
+        _close_except({0, 1, 2, go_r, err_w, plan.rootfd, *plan.keep_fds,
+                       *mountexec.held_fds(plan.mounts)}
                       | ({tty_sock.fileno()} if tty_sock else set()))
         k.set_comm("gpusandbox-init")
         # Leave the caller's process group and session: keyboard signals reach
@@ -274,8 +216,12 @@ def run(plan, go_r, err_w, tty_sock, wait):
         step = "making the mount tree private"
         k.mount(None, "/", None, k.MS_REC | k.MS_SLAVE)
         step = "opening host sources"
-        src, nodes, mounts, binds = _open_sources(plan)
-        oci_src = ocisetup.open_sources(plan) if plan.oci is not None else None
+        src = _open_sources(plan)
+        fds = mountexec.open_sources(plan.mounts)
+        # The exec fifo of a created container (plan.oci: its life), the
+        # pid its hooks are told.
+        life = ocisetup.open_sources(plan)
+        created = plan.oci is not None
         # Files created from here on need the caller's id mapped.
         if wait:
             if os.read(go_r, 1) != b"G":
@@ -287,7 +233,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             from ..linux import idmap
             _, uin, uout, gin, gout = plan.idmap
             idmap.write_single("self", uin, uout, gin, gout, plan.real_root)
-        if not ocisetup.runtime_hooks(plan.oci):
+        if not ocisetup.runtime_hooks(plan):
             os.close(go_r)     # else kept for the hooks point
         # Not dumpable: the command cannot open /proc/1/exe, /proc/1/fd/* or
         # ptrace this process (CVE-2019-5736 class).  After the id maps, which
@@ -301,29 +247,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
             rootfd = hostroot.root()
         else:
             rootfd = _rootfs(plan)
-        step = "mounting /proc, /sys, /dev, /tmp, /run"
-        sysmounts.system_mounts(plan, rootfd, src)
-        if plan.host_root:
-            step = "hiding the homes and host sockets"
-            from . import hostroot
-            hostroot.cover(plan, rootfd)
-        pause_point(plan, "init-mounts")
-        step = "injecting GPU devices and driver files"
-        _apply_edits(plan, rootfd, nodes, mounts)
-        step = "mounting -v and --mount sources"
-        _user_binds(rootfd, binds)
-        if oci_src is not None:
-            step = "mounting the OCI config's mounts"
-            ocisetup.mounts(plan, rootfd, oci_src, lambda: sysmounts.sysfs(plan, rootfd, src, True))
-            if ocisetup.runtime_hooks(plan.oci):
-                step = "waiting for the prestart and createRuntime hooks"
-                ocisetup.hooks_point(plan, err_w, go_r)
-                os.close(go_r)
-            step = "running the createContainer hooks"
-            ocisetup.container_hooks(plan, "createContainer", oci_src, plan.oci.hook_state
-                                     and plan.oci.hook_state["bundle"])
-        step = "masking /proc and /sys paths"
-        sysmounts.mask(rootfd, plan)
+        for step in tree_steps(plan, rootfd, src, fds, life, err_w, go_r):
+            pass
         step = f"opening the working directory {plan.workdir}"
         wdfd = m.open_target(rootfd, plan.workdir, "dir", create=True)
         if plan.spec.rootfs_mode == "ro":
@@ -339,11 +264,11 @@ def run(plan, go_r, err_w, tty_sock, wait):
         if tty_sock is not None:
             step = "allocating the terminal"
             tty_slave = _open_pty(tty_sock)
-        if oci_src is not None:
+        if created:
             step = "waiting for start"
-            err_w = ocisetup.wait_start(plan, err_w, oci_src, tty_slave)
+            err_w = ocisetup.wait_start(plan, err_w, life, tty_slave)
         step = "starting the command"
-        if oci_src is not None:
+        if created:
             # An OCI container's init becomes its workload (pid 1 of its pid
             # namespace, parent 0, as runc's and crun's): the caller reaps
             # the workload's own status and signals reach it unforwarded.
@@ -353,7 +278,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             command.run(plan, err_w, wdfd, tty_slave)
         os.close(err_w)
         os.close(wdfd)
-        if oci_src is not None:
+        if created:
             ocisetup.release_stdio()
         if tty_slave is not None:
             os.close(tty_slave)

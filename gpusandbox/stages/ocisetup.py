@@ -1,13 +1,13 @@
-"""The init's steps that only an OCI runtime launch has (plan.oci set by
-gpusandbox/oci/config.py): the config's own mounts and sysctls, and the
-wait for `start` on the exec fifo.  Everything else an OCI container gets
-is the ordinary init of stages/init.py.
+"""The init's and the command's steps of the process and container settings
+an OCI config brings, each read from a plan field every door fills (hooks,
+domain name, sysctls, scheduling settings, stdio ownership), and the life
+of a created container (plan.oci: the wait for `start` on the exec fifo).
+Its mounts are plan.mounts, applied by stages/mountexec.py.
 """
 import errno
 import os
 import stat
 
-from ..linux import mounts as m
 from ..linux import sys as k
 from . import channel
 
@@ -21,27 +21,21 @@ HOOKS = f"0{channel.SEP}hooks{channel.SEP}{channel.SEP}\n".encode()
 
 def open_sources(plan):
     """Host-side handles, taken before the image's tree is attached (as the
-    init's other sources are): every bind source cloned, and the exec fifo
-    of the state directory held by an O_PATH descriptor, reopened for writing
-    after the pivot, when no host path is reachable by name any more."""
-    oci = plan.oci
-    binds = []
-    for mnt in oci.mounts:
-        if mnt.kind == "bind":
-            binds.append(m.clone_tree(mnt.source, recursive=mnt.recursive))
-        else:
-            binds.append(None)
-    fifo = os.open(oci.fifo, k.O_PATH | os.O_CLOEXEC) if oci.fifo else -1
-    # The init's pid as the caller sees it, for the hooks' state: /proc here
-    # is still the host's, of the caller's pid namespace.
-    pid = int(os.readlink("/proc/self")) if getattr(oci, "hook_state", None) else 0
-    return {"binds": binds, "fifo": fifo, "pid": pid}
+    init's other sources are): the exec fifo of a created container's state
+    directory held by an O_PATH descriptor (reopened for writing after the
+    pivot, when no host path is reachable by name any more), and the init's
+    pid as the caller sees it, for the hooks' state (/proc here is still the
+    host's, of the caller's pid namespace)."""
+    fifo = plan.oci.fifo if plan.oci is not None else None
+    fifo = os.open(fifo, k.O_PATH | os.O_CLOEXEC) if fifo else -1
+    pid = int(os.readlink("/proc/self")) if plan.hook_state else 0
+    return {"fifo": fifo, "pid": pid}
 
 
-def runtime_hooks(oci):
-    """Whether the config has hooks `create` runs in the runtime's namespaces
+def runtime_hooks(plan):
+    """Whether the plan has hooks `create` runs in the runtime's namespaces
     while the init waits at the hooks point (hooks_point)."""
-    return bool(oci is not None and (oci.hooks.get("prestart") or oci.hooks.get("createRuntime")))
+    return bool(plan.hooks.get("prestart") or plan.hooks.get("createRuntime"))
 
 
 def hooks_point(plan, err_w, go_r):
@@ -54,7 +48,8 @@ def hooks_point(plan, err_w, go_r):
     only if this process is dumpable (a non-dumpable one needs CAP_SYS_PTRACE
     over the namespace `create` ran in): it is, for the wait only, when no
     other pid namespace's processes can see it (none joined)."""
-    look = not plan.real_root and not any(t == "pid" for t, _ in plan.oci.ns_join)
+    joined = plan.oci.ns_join if plan.oci is not None else ()
+    look = not plan.real_root and not any(t == "pid" for t, _ in joined)
     if look:
         k.prctl(4, 1)   # PR_SET_DUMPABLE
     os.write(err_w, HOOKS)
@@ -65,123 +60,35 @@ def hooks_point(plan, err_w, go_r):
         os._exit(125)
 
 
-def container_hooks(plan, stage, src, cwd=None):
+def container_hooks(plan, stage, pid, cwd=None):
     """createContainer (after the mounts and the runtime's hooks, before the
     pivot: the paths are the runtime's, cwd the bundle) and startContainer
     hooks (after `start`, in the container's root, before the workload):
     run by the init, in the container's namespaces, with the OCI state on
     stdin (runtime-spec config.md; status creating, then created, as runc
     has them).  A failing one fails the container."""
-    hooks = plan.oci.hooks.get(stage) if plan.oci.hook_state else None
+    hooks = plan.hooks.get(stage) if plan.hook_state else None
     if not hooks:
         return
     from ..oci.runtime import hooks as runner   # loaded by `create` before the clone
     from ..errors import SandboxError
-    state = dict(plan.oci.hook_state, pid=src["pid"],
+    state = dict(plan.hook_state, pid=pid,
                  status="creating" if stage == "createContainer" else "created")
     try:
-        runner.run(plan.oci.hooks, (stage,), state, None, cwd=cwd)
+        runner.run(plan.hooks, (stage,), state, None, cwd=cwd)
     except SandboxError as e:
         raise OSError(0, e.line()) from None    # the init reports an OSError's text as is
 
 
-def _attrs(mnt):
-    return ((k.MOUNT_ATTR_RDONLY if mnt.ro else 0) | (k.MOUNT_ATTR_NOSUID if mnt.nosuid else 0)
-            | (k.MOUNT_ATTR_NODEV if mnt.nodev else 0) | (k.MOUNT_ATTR_NOEXEC if mnt.noexec else 0))
-
-
-def _own_run(plan):
-    """The config's tmpfs at /run, which the init's own /run stands for."""
-    for mnt in plan.oci.mounts:
-        if mnt.destination == "/run" and mnt.kind == "fs" and mnt.fstype == "tmpfs" \
-                and not mnt.ro:
-            return mnt
-    return None
-
-
-def run_tmpfs(plan, data, attrs):
-    """(data options, mount attributes) of the init's own /run: the config's
-    (size, mode; noexec added to ours) when it mounts a tmpfs there, as
-    containerd's default spec does.  Mounted over ours later, it would hide
-    what GPU injection put under /run (the libraries of a written-through
-    root in /run/gpusandbox/lib, which the bound loader cache names; the
-    persistenced socket)."""
-    mnt = _own_run(plan)
-    if mnt is None:
-        return data, attrs
-    return mnt.data, attrs | _attrs(mnt)
-
-
-def mounts(plan, rootfd, src, sysfs):
-    """The config's mounts in its order, after the system mounts (so a
-    config's /dev/shm or /tmp goes over ours), then its sysctls (before the
-    masking makes /proc/sys read-only).  /sys goes where the config lists
-    it among its own (sysfs(); sys_at: how many of them come first), so
-    that the mount table shows the config's order (runtime-spec config.md:
-    mounts in the listed order)."""
-    sys_at = plan.oci.sys_at
-    own_run = _own_run(plan)
-    for i, (mnt, fd) in enumerate(zip(plan.oci.mounts, src["binds"])):
-        if i == sys_at:
-            sysfs()
-        if mnt is own_run:
-            continue
-        if fd is not None:
-            m.restrict(fd, ro=mnt.ro, nosuid=mnt.nosuid, nodev=mnt.nodev, noexec=mnt.noexec,
-                       recursive=mnt.recursive)
-        else:
-            fd = m.new_fs(mnt.fstype, mnt.data, _attrs(mnt))
-        m.attach(fd, m.open_target(rootfd, mnt.destination, mnt.target_kind),
-                 f"mounting {mnt.destination}")
-    if sys_at is not None and sys_at >= len(plan.oci.mounts):
-        sysfs()
-    premade = getattr(plan.oci, "premade", None)
-    if premade:
-        for path, fd in premade:
-            m.attach(fd, m.open_target(rootfd, path, "file"), f"binding device {path}")
-    else:
-        _make_devices(rootfd, getattr(plan.oci, "mknod", None) or ())
-    if plan.oci.domainname:
-        # The container's own UTS namespace (config.py insists on one).
-        name = plan.oci.domainname.encode()
-        k._check(k.libc.setdomainname(name, len(name)), "setdomainname")
-    for key, value in plan.oci.sysctl:
+def kernel_settings(plan, rootfd, kern):
+    """The container's domain name (in its own UTS namespace: oci/config.py
+    insists on one) and sysctls, after the mounts and before the masking
+    makes /proc/sys read-only."""
+    if plan.domainname:
+        kern.setdomainname(plan.domainname.encode())
+    for key, value in plan.sysctl:
         # The key was checked as dotted words (oci/config.py): no '..' and no '/'.
-        path = "proc/sys/" + key.replace(".", "/")
-        fd = k.openat2(rootfd, path, os.O_WRONLY, 0,
-                       k.RESOLVE_IN_ROOT | k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS)
-        try:
-            os.write(fd, value.encode())
-        finally:
-            os.close(fd)
-
-
-def _make_devices(rootfd, nodes):
-    """linux.devices made by mknod(2) (real root in the host's user
-    namespace only: oci/confighost.py), after the config's mounts so that a
-    tmpfs there does not hide them; what was at the path is replaced."""
-    for path, kind, major, minor, mode, uid, gid in nodes:
-        parent, _, name = path.rpartition("/")
-        pfd = m.open_target(rootfd, parent or "/", "dir", create=True)
-        try:
-            try:
-                os.mknod(name, kind | 0o600, os.makedev(major, minor), dir_fd=pfd)
-            except FileExistsError:
-                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-                if st.st_mode & 0o170000 == kind and st.st_rdev == os.makedev(major, minor):
-                    continue    # one of the init's standard nodes (a host node: left as is)
-                os.unlink(name, dir_fd=pfd)
-                os.mknod(name, kind | 0o600, os.makedev(major, minor), dir_fd=pfd)
-            # Not through mknod's mode: the umask would take bits off.
-            os.chown(name, uid, gid, dir_fd=pfd, follow_symlinks=False)
-            os.chmod(name, mode, dir_fd=pfd, follow_symlinks=True)
-        finally:
-            os.close(pfd)
-
-
-def held_fds(plan):
-    """The descriptors the init must keep from `create`."""
-    return {fd for _, fd in getattr(plan.oci, "premade", None) or ()} if plan.oci else set()
+        kern.write_in_root(rootfd, "proc/sys/" + key.replace(".", "/"), value.encode())
 
 
 def wait_start(plan, err_w, src, tty_slave=None):
@@ -204,7 +111,7 @@ def wait_start(plan, err_w, src, tty_slave=None):
     fd = _open_for_start(fifo)
     # The startContainer hooks before the byte `start` waits for: its
     # poststart hooks then come after them, and a failing one fails `start`.
-    container_hooks(plan, "startContainer", src, "/")
+    container_hooks(plan, "startContainer", src["pid"], "/")
     os.write(fd, b"0")
     os.close(fd)
     os.close(fifo)
@@ -264,13 +171,13 @@ def process_settings(ps):
 
 
 def before_privileges(plan):
-    """What the command stage of an OCI process does while it is still root:
-    the scheduling settings and stdio handed to the process's user (runc's
-    and crun's rules)."""
-    ps = getattr(plan.oci, "proc", None)
-    if ps is not None:
-        process_settings(ps)
-    _chown_stdio(plan.cmd_uid, plan.cmd_gid)
+    """What the command stage does while it is still root: the process's
+    kernel settings (plan.proc_settings) and, for the OCI doors, its stdio
+    handed to its user (plan.stdio_owner: runc's and crun's rules)."""
+    if plan.proc_settings is not None:
+        process_settings(plan.proc_settings)
+    if plan.stdio_owner:
+        _chown_stdio(plan.cmd_uid, plan.cmd_gid)
 
 
 def _chown_stdio(uid, gid):
@@ -293,7 +200,7 @@ def before_exec(plan):
     """Process settings that apply to the command only."""
     if plan.umask is not None:
         os.umask(plan.umask)
-    ps = getattr(plan.oci, "proc", None)
+    ps = plan.proc_settings
     if ps is not None and ps.cpus_final is not None:
         # execCPUAffinity.final: the workload's own CPUs, set last so that the
         # setup before it ran on the initial ones (runtime-spec config.md).

@@ -28,7 +28,6 @@ pytestmark = [pytest.mark.slow,
 
 PODMAN = {"podman-oci", "oci-exec", "podman-wrapper", "podman-filter", "podman-hook"}
 RUNC = {"podman-wrapper", "podman-filter", "podman-hook"}
-GSBX_OCI = {"podman-oci", "oci-exec"}
 ANY = ("root", "rootless")
 _DRIVER = r"(/usr/(lib|bin)/|/etc/OpenCL/|/var/run/nvidia-persistenced/|/run/nvidia-persistenced/)"
 
@@ -92,8 +91,6 @@ ALLOWED = [
     (PODMAN, ANY, "mounts", r"^[-+]" + _DRIVER,
      "the OCI doors inject the driver where the edits of a written-through root put it "
      "(/run/gpusandbox, docs/runtime.md), run binds it into the read-only image's own paths"),
-    (GSBX_OCI, ANY, "mounts", r"^\+/run/gpusandbox/(bin|lib)/",
-     "gpusandbox-oci puts the driver's files under /run/gpusandbox (docs/oci.md)"),
     (RUNC, ANY, "mounts",
      r"^([-~]/dev(/| )|[-~]/(tmp|run|sys|proc|etc/ld\.so\.cache)( |/)|\+/sys/fs/cgroup/|"
      r"-/sys/fs/cgroup#)",
@@ -103,12 +100,6 @@ ALLOWED = [
 
 # (doors, modes, aspect, pattern, the bug on today's main): strict xfails.
 BUGS = [
-    ({"podman-oci"}, ANY, "env", r"^~PATH \S+ -> /run/gpusandbox/bin:",
-     "issue 24: gpusandbox-oci create prepends /run/gpusandbox/bin to PATH; runc runs "
-     "process.env as given"),
-    ({"slurm-oci"}, ("rootless",), "env", r"^-PARITY ",
-     "slurm-oci run as the job's user drops the bundle's process.env variables other than "
-     "the job's (docs/slurm-testbed.md: it adopts the bundle's environment)"),
 ]
 
 

@@ -215,17 +215,16 @@ def test_checked_source_is_refused_once_replaced_or_a_link(tmp_path):
     directory) is bound only as the inode that was checked: a link in its
     place, or another directory under its name, is refused before any
     mount call."""
-    from gpusandbox.edits import Mount
     d = tmp_path / "nvidia-mps"
     d.mkdir()
     st = os.stat(d)
     d.rename(tmp_path / "moved")
     d.mkdir()
     with pytest.raises(m.MountError) as e:
-        m.clone_source(Mount(str(d), "/tmp/nvidia-mps", ident=(st.st_dev, st.st_ino)))
+        m.clone_source(str(d), (st.st_dev, st.st_ino))
     assert e.value.errno == errno.ESTALE and "was replaced" in str(e.value)
     d.rmdir()
     d.symlink_to(tmp_path / "moved")
     with pytest.raises(m.MountError) as e:
-        m.clone_source(Mount(str(d), "/tmp/nvidia-mps", ident=(st.st_dev, st.st_ino)))
+        m.clone_source(str(d), (st.st_dev, st.st_ino))
     assert e.value.errno == errno.ELOOP

@@ -1,4 +1,4 @@
-"""config.json -> RunSpec + OciExtras (gpusandbox/oci/config.py), no privileges."""
+"""config.json -> RunSpec + OciRequest (gpusandbox/oci/config.py), no privileges."""
 import json
 import os
 
@@ -47,7 +47,6 @@ def _load(tmp_path, **over):
 def test_translation(tmp_path):
     spec = _load(tmp_path)
     req = spec.oci
-    x = req.extras
     assert spec.argv == ["sh"] and spec.image == str(tmp_path / "rootfs")
     assert spec.image_env == ([("A", "1"), ("NVIDIA_VISIBLE_DEVICES", "0")], "/w")
     assert spec.rootfs_mode == "rw" and spec.net == "none"
@@ -55,14 +54,14 @@ def test_translation(tmp_path):
     # GPUs: the config's selection, the caller's driver root; nothing else of the caller's.
     assert req.plan_env == {} and spec.driver_root == "/sim"
     assert spec.gpu_request.devices == "0" and spec.gpu_request.caps == ("compute", "utility")
-    assert [(m.destination, m.kind) for m in x.mounts] == [("/dev/mqueue", "fs"),
-                                                           ("/data", "bind")]
-    data = x.mounts[1]
+    assert [(m.path, m.op) for m in req.mounts] == [("/dev/mqueue", "fs"), ("/data", "bind")]
+    data = req.mounts[1]
     assert (data.ro, data.noexec, data.recursive, data.nosuid) == (True, True, True, False)
-    assert x.mounts[0].data == ("source=mqueue",)
-    assert x.caps[0] == (0, 5) and x.caps[1] == (5,) and x.caps[4] == ()
-    assert x.rlimits == [(7, 10, 20)] and x.umask == 18
-    assert x.sysctl == [("net.ipv4.ping_group_range", "0 0")]
+    assert req.mounts[0].data == ("source=mqueue",)
+    pr = req.process
+    assert pr.caps[0] == (0, 5) and pr.caps[1] == (5,) and pr.caps[4] == ()
+    assert pr.rlimits == [(7, 10, 20)] and pr.umask == 18
+    assert req.sysctl == [("net.ipv4.ping_group_range", "0 0")]
     assert req.dev_rules == [("c", 10, 200, "rw")]
     assert req.keep_fds == (3, 4)
     assert req.devices == ([], [])

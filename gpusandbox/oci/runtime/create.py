@@ -19,7 +19,7 @@ from ...errors import SandboxError
 from ...linux import cgroup, host
 from ...linux import sys as k
 from ...linux.host import host_uid
-from ...stages import channel, parent
+from ...stages import channel, mountexec, parent
 from ...stages.ocisetup import READY
 from .. import config as ociconfig
 from . import state
@@ -43,18 +43,18 @@ def _setns(join):
         host.close_ns(fds)
 
 
-def _rlimits(x):
+def _rlimits(plan):
     import resource
-    for res, soft, hard in x.rlimits:
+    for res, soft, hard in plan.rlimits:
         try:
             resource.setrlimit(res, (soft, hard))
         except (OSError, ValueError) as e:
             name = [n for n, v in ociconfig.RLIMITS.items() if v == res][0]
             raise SandboxError(f"setting {name} to {soft}:{hard}", str(e),
                                "lower it in the config (podman: --ulimit)") from None
-    if x.oom_score_adj is not None:
+    if plan.oom_score_adj is not None:
         with open("/proc/self/oom_score_adj", "w") as f:
-            f.write(str(x.oom_score_adj))
+            f.write(str(plan.oom_score_adj))
 
 
 def _import_socket():
@@ -101,23 +101,23 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
     ok = False
     child = None
     cg = None
-    x = None
+    plan = None
     try:
         os.mkfifo(fifo, 0o622)
         os.chmod(fifo, 0o622)
         spec = ociconfig.load(bundle, os.environ, fifo, preserve_fds, config_path, cid)
         x = spec.oci.extras
-        if x.terminal and not console:
+        if spec.tty and not console:
             raise SandboxError("process.terminal is set but no --console-socket was given")
-        if x.terminal:
+        if spec.tty:
             _import_socket()
         spec.best_effort = True
         plan = planmod.build(spec, spec.oci.plan_env)
         for w in plan.warnings:
             log.warn(w)
-        if x.hook_state:
+        if plan.hook_state:
             from . import hooks  # noqa: F401 - run by the init, a clone of this process
-        _rlimits(x)
+        _rlimits(plan)
         _setns(x.ns_join)
         if spec.hostname and any(t == "uts" for t, _ in x.ns_join):
             # A uts namespace given by path is the container's: its hostname
@@ -127,7 +127,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             except OSError as e:
                 raise SandboxError("setting the hostname in the joined uts namespace",
                                    e.strerror) from None
-        tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if x.terminal else None
+        tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if spec.tty else None
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
         limits = None
         if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
@@ -157,14 +157,14 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             cg.join(pid)
         if wait:
             os.write(go_w, b"G")
-        if x.hooks.get("createRuntime") or x.hooks.get("prestart"):
+        if plan.hooks.get("createRuntime") or plan.hooks.get("prestart"):
             # The init waits at the hooks point (ocisetup.hooks_point): its
             # namespaces and mounts made, before the pivot.  Before the
             # terminal, which the init opens after the pivot.
             from ...stages.ocisetup import HOOKS
             from . import hooks     # subprocess: only when there are hooks to run
             _wait_ready(err_r, HOOKS)
-            hooks.run(x.hooks, ("prestart", "createRuntime"), {
+            hooks.run(plan.hooks, ("prestart", "createRuntime"), {
                 "ociVersion": "1.0.2", "id": cid, "status": "creating", "pid": pid,
                 "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs, "created": created,
                 "owner": "", "annotations": x.annotations}, log)
@@ -182,7 +182,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
               "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs,
               "created": created,
               "annotations": x.annotations, "cgroup": cg.path, "cgroup_version": cg.version,
-              "hooks": x.hooks, "_dir": d}
+              "hooks": plan.hooks, "_dir": d}
         state.save(st)
         if pid_file:
             tmp = f"{pid_file}.{os.getpid()}.tmp"
@@ -191,7 +191,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             os.rename(tmp, pid_file)
         ok = True
     finally:
-        for _, fd in getattr(x, "premade", None) or () if x is not None else ():
+        for fd in mountexec.held_fds(plan.mounts) if plan is not None else ():
             os.close(fd)      # the init holds its own copies
         if not ok:
             if child:

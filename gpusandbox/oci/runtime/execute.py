@@ -8,19 +8,22 @@ installs the container's seccomp filter and execs.  --detach: the pid goes
 to --pid-file and the process is left to the caller (conmon, as subreaper);
 otherwise this process is the subreaper and returns the process's status.
 """
-import json
 import os
 import socket
 
-from ...errors import SandboxError
+from ...errors import SandboxError, UsageError, printable
 from ...linux import host
 from ...linux import sys as k
-from ...plan import LaunchPlan, set_caps
+from ...plan import LaunchPlan
 from ...spec import RunSpec
 from ...stages import channel, command
 # Imported before setns(2): the image's tree is the process's root afterwards.
 from ...stages.init import _open_pty
 from .. import config as ociconfig
+from .. import configplan
+from .. import fastjson as json
+from ..configfield import _get, _strs
+from ..configprocess import parse as parse_process
 from . import state
 from .args import _one, _split, _truthy
 
@@ -35,10 +38,16 @@ def _parse(rest):
     cid = state.check_id(pos[0])
     path = _one(opts, "--process") or _one(opts, "-p")
     if path:
-        with open(path) as f:
-            proc = json.load(f)
+        try:
+            with open(path, "rb") as f:
+                proc = json.loads(f.read(ociconfig.MAX_CONFIG + 1))
+        except OSError as e:
+            raise UsageError(f"exec --process {printable(path)}", e.strerror) from None
+        except (ValueError, RecursionError):
+            raise UsageError(f"exec --process {printable(path)}", "not valid JSON") from None
         if not isinstance(proc, dict):
-            raise SandboxError(f"exec --process {path}", "not a JSON object")
+            raise UsageError(f"exec --process {printable(path)}", "not a JSON object")
+        where = f"exec --process {printable(path)}"
     else:
         if len(pos) < 2:
             raise SandboxError("exec: a command is required (or --process FILE)")
@@ -51,65 +60,63 @@ def _parse(rest):
         user = _one(opts, "--user") or _one(opts, "-u")
         if user:
             uid, _, gid = user.partition(":")
+            if not (uid.isascii() and uid.isdigit()) or \
+                    not (gid == "" or (gid.isascii() and gid.isdigit())):
+                raise UsageError(f"exec --user {printable(user)}", "not UID[:GID] (numbers)",
+                                 "give numeric ids, e.g. --user 1000:1000")
             proc["user"] = {"uid": int(uid), "gid": int(gid or 0)}
-    return cid, proc, opts
+        where = "exec"
+    return cid, proc, opts, where
 
 
-def _plan(st, proc, rest_flags=()):
-    """A LaunchPlan holding what the command stage reads, from the exec's
-    process object over the container's config."""
+# The exec's own kernel settings only: never the container's process's.
+_OWN_ONLY = ("scheduler", "ioPriority", "execCPUAffinity")
+
+
+def _plan(st, proc, nnp_flag=False, where="exec"):
+    """The plan of one more process in the container: the exec's process
+    object over the container's config.process (its fields win, its env is
+    added), read by create's typed parser (configprocess.parse) and turned
+    into the same plan fields (configplan.process); the container's
+    linux.seccomp through create's entry point (configplan.seccomp)."""
     conf = ociconfig.read(st["bundle"])
-    base = conf.get("process") or {}
-    spec = RunSpec()
-    plan = LaunchPlan(spec)
-    args = proc.get("args")
-    if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
-        raise SandboxError("exec: process.args must be a non-empty list of strings")
-    plan.argv = args
-    env = dict(e.split("=", 1) for e in (base.get("env") or []) if "=" in e)
-    env.update(dict(e.split("=", 1) for e in (proc.get("env") or []) if "=" in e))
-    plan.env = env
-    plan.workdir = proc.get("cwd") or base.get("cwd") or "/"
-    user = proc.get("user") or base.get("user") or {}
-    plan.cmd_uid, plan.cmd_gid = int(user.get("uid", 0)), int(user.get("gid", 0))
-    caps = (proc.get("capabilities") or base.get("capabilities") or {})
+    try:
+        base = _get(conf, "process", dict, "process", {})
+        merged = {key: val for key, val in base.items() if key not in _OWN_ONLY}
+        merged.update((key, val) for key, val in proc.items() if val is not None)
+        merged["env"] = (_strs(_get(base, "env", list, "process", []), "process.env")
+                         + _strs(_get(proc, "env", list, "process", []), "process.env"))
+        pr = parse_process(merged)
+    except UsageError as e:
+        # The field named as the exec's (a bad one in the container's own
+        # config would have failed its `create`).
+        raise UsageError(f"{where}: {e.what.replace('OCI config ', '', 1)}", e.why,
+                         e.hint) from None
+    plan = LaunchPlan(RunSpec())
+    plan.argv = pr.args
+    plan.env = dict(pr.env)
+    plan.workdir = pr.cwd
     plan.clear_groups = True
     plan.keep_fds = ()
-    x = ociconfig.OciExtras()
-    x.caps = ociconfig.cap_sets(caps if isinstance(caps, dict) else {})
-    nnp = proc.get("noNewPrivileges", base.get("noNewPrivileges", False))
-    x.nnp = nnp is True or bool(rest_flags)
-    set_caps(plan, None, x.caps)
-    plan.no_new_privs = x.nnp
-    groups = user.get("additionalGids")
-    x.groups = [g for g in groups if isinstance(g, int)] if isinstance(groups, list) else None
-    x.umask = plan.umask = user.get("umask") if isinstance(user.get("umask"), int) else None
-    from ..configproc import parse as proc_settings
-    x.proc = proc_settings(proc) or None
-    if host.setgroups_denied(st["pid"]):
-        # The container's user namespace denies setgroups(2) (a map written
-        # without it, or `unshare -r` above it), as create's apply() allows
-        # for: the process keeps the groups it has.
-        plan.clear_groups = False
-        x.groups = None
-    plan.groups = x.groups
-    plan.oci = x
-    seccomp = (conf.get("linux") or {}).get("seccomp")
-    if seccomp:
-        from ...linux import seccomp as sc
-        plan.seccomp = sc.compile_bytes(json.dumps(seccomp), sc.host_arch(), "linux.seccomp")
+    # The container's user namespace may deny setgroups(2) (a map written
+    # without it, or `unshare -r` above it), as create's identity allows for:
+    # the process keeps the groups it has.
+    configplan.process(plan, pr, host.setgroups_denied(st["pid"]))
+    plan.no_new_privs = pr.nnp or nnp_flag
+    linux = _get(conf, "linux", dict, "linux", {})
+    plan.seccomp = configplan.seccomp(_get(linux, "seccomp", dict, "linux"))
     return plan
 
 
 def main_exec(root, rest, log):
-    cid, proc, opts = _parse(rest)
+    cid, proc, opts, where = _parse(rest)
     st = state.load(root, cid)
     if state.status(st) not in ("running", "created"):
         raise SandboxError("container not running")
-    plan = _plan(st, proc, [a for a in rest if a.startswith("--no-new-privs")])
+    plan = _plan(st, proc, any(a.startswith("--no-new-privs") for a in rest), where)
     detach = _truthy(opts, "--detach") or _truthy(opts, "-d")
     console = _one(opts, "--console-socket")
-    tty = bool(proc.get("terminal"))
+    tty = proc.get("terminal") is True
     if tty and not console:
         raise SandboxError("exec --tty needs --console-socket")
     try:

@@ -258,10 +258,11 @@ def list_cmd(root, fmt, quiet):
 
 def features():
     from .. import config as c
+    from ..configmount import FLAG_OPTS
     doc = {"ociVersionMin": "1.0.0", "ociVersionMax": "1.1.0",
            "hooks": ["prestart", "createRuntime", "createContainer", "startContainer",
                      "poststart", "poststop"],
-           "mountOptions": sorted(c.FLAG_OPTS),
+           "mountOptions": sorted(FLAG_OPTS),
            "linux": {"namespaces": sorted(c.NS_FLAGS),
                      "capabilities": ["CAP_" + n for n in c.CAPS],
                      "cgroup": {"v1": False, "v2": True, "systemd": False, "systemdUser": False},

@@ -1,0 +1,238 @@
+"""The one executor of a plan's mount operations (edits.MountOp, plan.mounts):
+a single pass over the ordered list, as bubblewrap's setup ops, used by the
+init (stages/init.py, after the system mounts) and by the OCI hook (oci/hook.py,
+over a running container's root).
+
+open_sources() runs on the host side, before the image's tree is attached
+(the hook: before or after it enters the container's namespaces, as its
+privileges allow): every host source is cloned then, so none can be a path
+inside the image and no later mount can shadow one.  apply() then walks the
+ops in order; each target is resolved inside the root without following a
+symlink out of it (linux/mounts.open_target).
+
+Kernel is the kernel as the init's tree-building steps call it: one
+interface (youki's Syscall trait) for the system mounts (stages/sysmounts.py),
+these ops, the container's kernel settings and the masks.  KERNEL is the
+real one, over linux/mounts.py, linux/sys.py and os; a test double
+(tests/unit/test_init_order.py) records the calls instead, so a unit test
+states the order of the setup steps without privileges.  Every method is one
+kernel operation; fds are plain integers the caller passes back.
+"""
+import os
+
+from ..linux import mounts as m
+from ..linux import sys as k
+
+
+class Kernel:
+    # Mounts (linux/mounts.py: the new mount API, targets reached in the root).
+    def new_fs(self, fstype, options, attrs):
+        return m.new_fs(fstype, options, attrs)
+
+    def clone_tree(self, source, recursive=True, dirfd=k.AT_FDCWD):
+        return m.clone_tree(source, recursive, dirfd)
+
+    def clone_source(self, host_path, ident):
+        return m.clone_source(host_path, ident)
+
+    def open_host_node(self, host_path, major, minor):
+        return m.open_host_node(host_path, major, minor)
+
+    def open_target(self, rootfd, path, kind="dir", create=True, strict=False):
+        return m.open_target(rootfd, path, kind, create, strict)
+
+    def restrict(self, fd, ro=True, nosuid=True, nodev=True, noexec=False, recursive=True):
+        m.restrict(fd, ro, nosuid, nodev, noexec, recursive)
+
+    def attach(self, fd, target, what):
+        m.attach(fd, target, what)
+
+    def mount_setattr(self, fd, attrs, recursive):
+        k.mount_setattr(fd, attrs, recursive)
+
+    # Files in the root, each relative to a directory fd of it.
+    def symlink(self, target, name, dirfd):
+        os.symlink(target, name, dir_fd=dirfd)
+
+    def readlink(self, name, dirfd):
+        return os.readlink(name, dir_fd=dirfd)
+
+    def unlink(self, name, dirfd):
+        os.unlink(name, dir_fd=dirfd)
+
+    def node_of(self, name, dirfd):
+        """(S_IF type, rdev) of what is at name."""
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        return st.st_mode & 0o170000, st.st_rdev
+
+    def mknod(self, name, mode, rdev, dirfd):
+        os.mknod(name, mode, rdev, dir_fd=dirfd)
+
+    def chown(self, name, uid, gid, dirfd):
+        os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+
+    def chmod(self, name, mode, dirfd):
+        os.chmod(name, mode, dir_fd=dirfd, follow_symlinks=True)
+
+    def create_file(self, name, mode, content, dirfd):
+        fd = os.open(name, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, mode, dir_fd=dirfd)
+        try:
+            os.write(fd, content)
+        finally:
+            os.close(fd)
+
+    def write_in_root(self, rootfd, path, data):
+        """data written to an existing file of the root (a /proc/sys key),
+        reached without any symlink."""
+        fd = k.openat2(rootfd, path, os.O_WRONLY, 0,
+                       k.RESOLVE_IN_ROOT | k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def close(self, fd):
+        os.close(fd)
+
+    # Namespaces and names.
+    def unshare(self, flags):
+        k.syscall("unshare", flags)
+
+    def setdomainname(self, name):
+        k._check(k.libc.setdomainname(name, len(name)), "setdomainname")
+
+
+KERNEL = Kernel()
+
+
+def open_sources(ops, kern=KERNEL):
+    """[detached mount fd or None] for each op: host paths and nodes cloned."""
+    out = []
+    try:
+        for op in ops:
+            if op.op == "bind":
+                out.append(kern.clone_source(op.source, op.ident) if op.ident else
+                           kern.clone_tree(op.source, recursive=op.recursive))
+            elif op.op == "node":
+                fd = kern.open_host_node(op.source, op.major, op.minor)
+                try:
+                    out.append(kern.clone_tree("", recursive=False, dirfd=fd))
+                finally:
+                    kern.close(fd)
+            else:
+                out.append(None)
+    except BaseException:
+        for fd in out:
+            if fd is not None:
+                kern.close(fd)
+        raise
+    return out
+
+
+def held_fds(ops):
+    """The descriptors the ops hold from before the clone (premade nodes)."""
+    return {op.fd for op in ops if op.op == "premade"}
+
+
+def _attrs(op):
+    return ((k.MOUNT_ATTR_RDONLY if op.ro else 0) | (k.MOUNT_ATTR_NOSUID if op.nosuid else 0)
+            | (k.MOUNT_ATTR_NODEV if op.nodev else 0) | (k.MOUNT_ATTR_NOEXEC if op.noexec else 0))
+
+
+def _target(kern, rootfd, op, path=None, kind=None):
+    return kern.open_target(rootfd, path or op.path, kind or op.kind, create=op.create)
+
+
+def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL):
+    """Every op in order.  fds: open_sources(ops); sysfs: what the "sysfs" op
+    does (the init's /sys, mounted where an OCI config lists it)."""
+    stage = None
+    try:
+        for i, (op, fd) in enumerate(zip(ops, fds)):
+            kind = op.op
+            if kind == "bind":
+                kern.restrict(fd, ro=op.ro, nosuid=op.nosuid, nodev=op.nodev,
+                              noexec=op.noexec, recursive=op.recursive)
+                kern.attach(fd, _target(kern, rootfd, op), f"binding {op.source} at {op.path}")
+            elif kind == "node":
+                kern.restrict(fd, ro=False, nosuid=op.nosuid, nodev=False, recursive=False)
+                kern.attach(fd, _target(kern, rootfd, op), f"binding device {op.source}")
+            elif kind == "fs":
+                new = kern.new_fs(op.fstype, op.data, _attrs(op))
+                kern.attach(new, _target(kern, rootfd, op),
+                            f"mounting {op.fstype} at {op.path}")
+            elif kind == "symlink":
+                _symlink(kern, rootfd, op)
+            elif kind == "file":
+                if stage is None:
+                    stage = kern.new_fs("tmpfs", ("mode=0755", "size=16m"),
+                                        k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
+                                        | k.MOUNT_ATTR_NOEXEC)
+                _file(kern, rootfd, op, stage, f"f{i}")
+            elif kind == "seal":
+                target = _target(kern, rootfd, op)
+                try:
+                    kern.mount_setattr(target, k.MOUNT_ATTR_RDONLY, recursive=False)
+                finally:
+                    kern.close(target)
+            elif kind == "sysfs":
+                sysfs()
+            elif kind == "premade":
+                kern.attach(op.fd, _target(kern, rootfd, op), f"binding device {op.path}")
+            elif kind == "mknod":
+                _mknod(kern, rootfd, op)
+    finally:
+        if stage is not None:
+            kern.close(stage)
+
+
+def _symlink(kern, rootfd, op):
+    """A link; one already there with the same target is kept, anything else
+    of that name replaced.  (With an overlay the links already sit in its
+    upper layer, but one whose directory the image leads into /tmp or /run
+    is under our fresh tmpfs by now: each is checked again.)"""
+    parent, _, name = op.path.rpartition("/")
+    pfd = _target(kern, rootfd, op, parent or "/", "dir")
+    try:
+        try:
+            if kern.readlink(name, pfd) == op.target:
+                return
+            kern.unlink(name, pfd)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            # A non-link of that name in the image: replace it.
+            kern.unlink(name, pfd)
+        kern.symlink(op.target, name, pfd)
+    finally:
+        kern.close(pfd)
+
+
+def _file(kern, rootfd, op, stage, name):
+    """Generated content, written into our staging tmpfs and bound read-only."""
+    kern.create_file(name, op.mode, op.content, stage)
+    clone = kern.clone_tree(name, recursive=False, dirfd=stage)
+    kern.restrict(clone, ro=op.ro, nosuid=op.nosuid, nodev=op.nodev, noexec=op.noexec)
+    kern.attach(clone, _target(kern, rootfd, op), f"placing {op.path}")
+
+
+def _mknod(kern, rootfd, op):
+    """A device node made by mknod(2) (real root in the host's user
+    namespace only: oci/confighost.py); what was at the path is replaced,
+    unless it is already the same node (one of the init's standard ones)."""
+    parent, _, name = op.path.rpartition("/")
+    pfd = kern.open_target(rootfd, parent or "/", "dir", create=True)
+    rdev = os.makedev(op.major, op.minor)
+    try:
+        try:
+            kern.mknod(name, op.dev_type | 0o600, rdev, pfd)
+        except FileExistsError:
+            if kern.node_of(name, pfd) == (op.dev_type, rdev):
+                return      # a host node: left as is
+            kern.unlink(name, pfd)
+            kern.mknod(name, op.dev_type | 0o600, rdev, pfd)
+        # Not through mknod's mode: the umask would take bits off.
+        kern.chown(name, op.uid, op.gid, pfd)
+        kern.chmod(name, op.mode, pfd)
+    finally:
+        kern.close(pfd)
