@@ -256,7 +256,7 @@ def _option(spec, name, val):
     elif attr == "mount":
         spec.binds.append(parse_mount(val))
     elif attr == "gpus":
-        from .gpu.selector import normalise
+        from .gpu.request import normalise
         spec.gpus, note = normalise(val)
         if note:
             spec.notes.append(note)
@@ -327,6 +327,20 @@ def report(err, out=None):
     out = out or sys.stderr
     out.write(message(err))
     out.flush()
+
+
+def run_and_exit(argv):
+    """The whole `gpusandbox run` command: the entry script calls it directly
+    (the dispatcher in __main__ is one module the hot path does not need),
+    `python -m gpusandbox run` through __main__.  Leaves through os._exit:
+    everything the launcher owns is already released, so interpreter
+    finalisation (a few ms of module teardown on every launch) is skipped."""
+    from .errors import catch_signals
+    catch_signals()
+    code = main_run(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main_run(argv):

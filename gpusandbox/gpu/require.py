@@ -20,7 +20,7 @@ loaded only when a toolkit version.json has to be read.
 import os
 
 from gpusandbox.errors import GpuError
-from gpusandbox.imagedata import number, short
+from gpusandbox import number, short
 
 from .carried import image_cuda_version
 

@@ -3,6 +3,7 @@
 plan -> cgroup leaf -> clone3 -> id maps -> "go" -> supervise -> teardown.
 """
 import os
+import select
 import sys
 
 from .. import plan as planmod
@@ -73,6 +74,8 @@ def launch(spec):
     # collects those signals with sigwaitinfo(); the launcher unblocks them
     # once its own handlers are in place, and forwards them.
     _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
+    if plan.spec.net == "none":
+        from ..linux import net  # noqa: F401 - init brings loopback up: loaded before the clone
     cg = _cgroup(plan, spec)
     plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
     if not spec.verbose:
@@ -269,7 +272,6 @@ def _supervise(child, err_r, master):
     """Forward signals to init, relay the terminal, collect the first error
     record, and return the sandbox's status once init exits."""
     import _signal
-    import select
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     _signal.set_wakeup_fd(wake_w)
     noop = lambda signum, frame: None  # noqa: E731 - the wakeup fd carries the signal

@@ -5,7 +5,7 @@ import pytest
 
 from gpusandbox.cli import RUN_HELP, RUN_USAGE, parse_run_args
 from gpusandbox.errors import UsageError
-from gpusandbox.gpu.selector import normalise
+from gpusandbox.gpu.request import normalise
 from gpusandbox.mountopt import parse_mount, size_bytes
 from gpusandbox.spec import Bind, Tmpfs
 from gpusandbox.suggest import unknown_command

@@ -16,7 +16,7 @@ import pytest
 from gpusandbox import doctor, environ as envmod, plan
 from gpusandbox.errors import SandboxError
 from gpusandbox.gpu import ceiling, inject, ldcache, require
-from gpusandbox.imagedata import isdigits, number
+from gpusandbox import isdigits, number
 
 CONFIG = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
           "process": {"cwd": "/work", "env": ["PATH=/usr/bin", "CUDA_VERSION=12.4.1",
