@@ -2,6 +2,7 @@
 
 plan -> cgroup leaf -> clone3 -> id maps -> "go" -> supervise -> teardown.
 """
+import gc
 import os
 import select
 import sys
@@ -158,6 +159,11 @@ def spawn_init(plan, cg, tty, wait, member=None, hold=False):
     # init's ends, closed here once init holds them; every failure below
     # closes what is still open (a pod member's launcher lives on after it).
     ends = [go_r, err_w]
+    # `run` built its plan with the collector off (cli.run_and_exit): what is
+    # loaded by now is frozen, so neither process walks it again, and both
+    # collect what they allocate from here on.
+    gc.freeze()
+    gc.enable()
     try:
         if member:
             pid = member.clone(plan.clone_flags, cg.dirfd, err_w)
