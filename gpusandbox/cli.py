@@ -8,7 +8,6 @@ import os
 import sys
 
 from .errors import SandboxError, UsageError, EXIT_LAUNCHER, message
-from .mountopt import parse_bind, parse_mount
 from .spec import RunSpec, names_squashfs
 
 RUN_USAGE = "gpusandbox run [options] IMAGE [--] [CMD [ARG...]]"
@@ -252,8 +251,10 @@ def _flag(spec, attr):
 def _option(spec, name, val):
     attr = _OPTS[name]
     if attr == "bind":
+        from .mountopt import parse_bind      # only with -v: off a plain launch's path
         spec.binds.append(parse_bind(val))
     elif attr == "mount":
+        from .mountopt import parse_mount
         spec.binds.append(parse_mount(val))
     elif attr == "gpus":
         from .gpu.request import normalise

@@ -253,6 +253,8 @@ def _bad(text, why, hint=None):
 
 
 def _fields(text):
+    if '"' not in text:
+        return text.split(",")      # what csv_fields makes of it, without loading mountopt
     from gpusandbox.mountopt import csv_fields
     fields = csv_fields(text)
     if fields is None:
