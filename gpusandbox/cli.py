@@ -337,7 +337,7 @@ def run_and_exit(argv):
     everything the launcher owns is already released, so interpreter
     finalisation (a few ms of module teardown on every launch) is skipped.
     The cyclic garbage collector is off until the sandbox is cloned
-    (stages/parent.spawn_init turns it back on): the imports and the plan
+    (stages/parent.launch turns it back on): the imports and the plan
     allocate in bulk and leave no cycles worth the nine or so collections
     they would trigger (about 1 ms of a launch)."""
     import gc

@@ -2,9 +2,7 @@
 
 plan -> cgroup leaf -> clone3 -> id maps -> "go" -> supervise -> teardown.
 """
-import gc
 import os
-import select
 import sys
 
 from .. import plan as planmod
@@ -94,6 +92,14 @@ def launch(spec):
         v1_join = bool(cg.dirfd < 0 and cg.path)
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join \
             or spec.pause_at == "after-clone"
+        # `run` built its plan with the collector off (cli.run_and_exit): what
+        # is loaded by now is frozen, so neither process walks it again, and
+        # both collect what they allocate from here on.  select: loaded before
+        # the clone, for init (_peer_gone) and the supervision alike.
+        import gc
+        import select  # noqa: F401
+        gc.freeze()
+        gc.enable()
         pid, child, go_w, err_r = spawn_init(plan, cg, tty, wait, member, hold=True)
         _write_maps(plan, pid)
         if v1_join:
@@ -159,11 +165,6 @@ def spawn_init(plan, cg, tty, wait, member=None, hold=False):
     # init's ends, closed here once init holds them; every failure below
     # closes what is still open (a pod member's launcher lives on after it).
     ends = [go_r, err_w]
-    # `run` built its plan with the collector off (cli.run_and_exit): what is
-    # loaded by now is frozen, so neither process walks it again, and both
-    # collect what they allocate from here on.
-    gc.freeze()
-    gc.enable()
     try:
         if member:
             pid = member.clone(plan.clone_flags, cg.dirfd, err_w)
@@ -278,6 +279,7 @@ def _supervise(child, err_r, master):
     """Forward signals to init, relay the terminal, collect the first error
     record, and return the sandbox's status once init exits."""
     import _signal
+    import select
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     _signal.set_wakeup_fd(wake_w)
     noop = lambda signum, frame: None  # noqa: E731 - the wakeup fd carries the signal
