@@ -90,14 +90,8 @@ def main(argv=None):
         return 0 if argv else 125
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":
-        from .cli import main_run
-        code = main_run(rest)
-        # Skip interpreter finalisation (a few ms of module teardown on every
-        # launch): everything the launcher owns is already released.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        import os
-        os._exit(code)
+        from .cli import run_and_exit
+        run_and_exit(rest)
     if cmd in _COMMANDS:
         return _report_cmd(*_COMMANDS[cmd], rest, cmd)
     if cmd == "oci":

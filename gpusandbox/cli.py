@@ -8,7 +8,6 @@ import os
 import sys
 
 from .errors import SandboxError, UsageError, EXIT_LAUNCHER, message
-from .mountopt import parse_bind, parse_mount
 from .spec import RunSpec, names_squashfs
 
 RUN_USAGE = "gpusandbox run [options] IMAGE [--] [CMD [ARG...]]"
@@ -252,11 +251,13 @@ def _flag(spec, attr):
 def _option(spec, name, val):
     attr = _OPTS[name]
     if attr == "bind":
+        from .mountopt import parse_bind      # only with -v: off a plain launch's path
         spec.binds.append(parse_bind(val))
     elif attr == "mount":
+        from .mountopt import parse_mount
         spec.binds.append(parse_mount(val))
     elif attr == "gpus":
-        from .gpu.selector import normalise
+        from .gpu.request import normalise
         spec.gpus, note = normalise(val)
         if note:
             spec.notes.append(note)
@@ -327,6 +328,26 @@ def report(err, out=None):
     out = out or sys.stderr
     out.write(message(err))
     out.flush()
+
+
+def run_and_exit(argv):
+    """The whole `gpusandbox run` command: the entry script calls it directly
+    (the dispatcher in __main__ is one module the hot path does not need),
+    `python -m gpusandbox run` through __main__.  Leaves through os._exit:
+    everything the launcher owns is already released, so interpreter
+    finalisation (a few ms of module teardown on every launch) is skipped.
+    The cyclic garbage collector is off until the sandbox is cloned
+    (stages/parent.launch turns it back on): the imports and the plan
+    allocate in bulk and leave no cycles worth the nine or so collections
+    they would trigger (about 1 ms of a launch)."""
+    import gc
+    gc.disable()
+    from .errors import catch_signals
+    catch_signals()
+    code = main_run(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main_run(argv):

@@ -25,7 +25,7 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def _bad(opt, value, why, hint):
-    from .imagedata import short
+    from . import short
     raise UsageError(f"invalid {opt} {short(value, 80)}", why, hint)
 
 

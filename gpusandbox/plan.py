@@ -69,7 +69,7 @@ def _job_fds(host_env):
     counts, and only when it names a socket: an image's PMI_FD, or a number
     naming a leaked directory descriptor, would hand the command a handle on
     the host's tree (/proc/self/fd/N/.., runc's CVE-2024-21626)."""
-    from .imagedata import number
+    from . import number
     fd = number(host_env.get("PMI_FD") or "")
     if fd is None:
         return ()

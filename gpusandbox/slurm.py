@@ -52,7 +52,7 @@ import errno
 import os
 
 from .errors import GpuError
-from .imagedata import isdigits
+from . import isdigits
 
 _ALLOC_VARS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 _HINT = ("pass explicit --gpus N,M, or ask the admin to check gres.conf "

@@ -6,7 +6,7 @@ names, directories and bytes, so an image built to stall or exhaust the
 launcher costs no more than a real one.  Digits are ASCII only."""
 import os
 
-from gpusandbox.imagedata import number
+from gpusandbox import number
 from gpusandbox.linux import sys as lsys
 
 # Bounds on the image scan for the CUDA runtime it carries: names read per

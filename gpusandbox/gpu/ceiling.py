@@ -12,7 +12,7 @@ it, and it loads only host files named by absolute path.
 import sys
 
 from gpusandbox.errors import GpuError
-from gpusandbox.imagedata import isdigits
+from gpusandbox import isdigits
 
 _CUDA_CODE = r"""
 import ctypes, sys

@@ -20,9 +20,8 @@ loaded only when a toolkit version.json has to be read.
 import os
 
 from gpusandbox.errors import GpuError
-from gpusandbox.imagedata import number, short
+from gpusandbox import number, short
 
-from .carried import image_cuda_version
 
 # Two-character operators first so that "<=" is not read as "<".
 _OPS = ("<=", ">=", "!=", "<", ">", "=")
@@ -202,6 +201,7 @@ def requirements(image_env, image_root):
         reqs.append((f"CUDA_VERSION={short(legacy)[1:-1]}", f"cuda>={major}.{minor}"))
         return reqs
     if image_root is not None:
+        from .carried import image_cuda_version     # an image that names no CUDA release
         carried = image_cuda_version(image_root)
         if carried:
             (major, minor), where = carried

@@ -12,7 +12,7 @@ the legacy "MIG-GPU-<uuid>/<gi>/<ci>".
 """
 from gpusandbox.errors import GpuError, UsageError
 from gpusandbox.gpu.request import SLURM, from_caller
-from gpusandbox.imagedata import isdigits
+from gpusandbox import isdigits
 
 class Selection:
     """What a launch gets.  gpus: whole GPUs (list of discover.Gpu);

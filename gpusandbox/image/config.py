@@ -16,7 +16,7 @@ rows of the table: GPU selection reads only the caller's environment
 from . import digest as digestmod
 from . import manifest as mf
 from .digest import ImageError
-from ..imagedata import number
+from .. import number
 # Defined in the package: `run` of a cached image imports neither this module nor manifest.py.
 from . import check_platform, command  # noqa: F401
 

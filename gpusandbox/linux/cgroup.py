@@ -34,7 +34,6 @@ import os
 
 from gpusandbox.errors import CgroupError, UsageError
 
-from . import cgempty
 from .cgfs import (  # noqa: F401 - Limits and clean_stale are part of this module's API
     Limits, _write, _mounts, _cgroup2, _v1_mounts,
     _v1_bound, _own_cgroups, _privileged, _writable, _mkdir,
@@ -91,6 +90,7 @@ class CgroupHandle:
 
     def _kill_all(self, wait):
         """SIGKILL everything in the leaf; True once it is empty."""
+        from . import cgempty       # only with a leaf: a rootless launch often has none
         return cgempty.empty(self.path, self.version, wait)
 
     def teardown(self, wait=None):

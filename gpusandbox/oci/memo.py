@@ -47,7 +47,7 @@ MAX_IMAGE_CACHE = 16 << 20      # gpu.ldcache.MAX_FILE: what read_in_root reads 
 MAX_ENTRY = 64 << 20
 MISS = object()
 # The modules whose code decides the edits (relative to the package).
-_CODE = ("edits.py", "imagedata.py", "linux/sys.py", "gpu/discover.py", "gpu/libs.py",
+_CODE = ("edits.py", "__init__.py", "linux/sys.py", "gpu/discover.py", "gpu/libs.py",
          "gpu/ldcache.py", "gpu/request.py", "gpu/select.py", "gpu/ceiling.py", "gpu/inject.py",
          "oci/configedit.py", "oci/memo.py")
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

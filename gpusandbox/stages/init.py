@@ -8,7 +8,6 @@ this process with 125.
 import os
 
 from ..linux import mounts as m
-from ..linux import net
 from ..linux import sys as k
 from ..plan import STD_DEVICES
 from . import command, mountexec, ocisetup, sysmounts
@@ -151,7 +150,7 @@ def _pivot(rootfd):
 
 def _peer_gone(fd):
     """Whether the other end of a pipe that is never written has closed."""
-    import select
+    import select   # loaded by the launcher (parent.py) before the clone
     return bool(select.select([fd], [], [], 0)[0])
 
 
@@ -256,6 +255,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             k.mount_setattr(rootfd, k.MOUNT_ATTR_RDONLY, recursive=False)
         if plan.spec.net == "none":
             step = "bringing up loopback"
+            from ..linux import net     # loaded by the launcher before the clone
             net.loopback_up()
         step = "pivoting into the root filesystem"
         _pivot(rootfd)

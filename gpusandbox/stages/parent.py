@@ -73,6 +73,8 @@ def launch(spec):
     # collects those signals with sigwaitinfo(); the launcher unblocks them
     # once its own handlers are in place, and forwards them.
     _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
+    if plan.spec.net == "none":
+        from ..linux import net  # noqa: F401 - init brings loopback up: loaded before the clone
     cg = _cgroup(plan, spec)
     plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
     if not spec.verbose:
@@ -90,6 +92,14 @@ def launch(spec):
         v1_join = bool(cg.dirfd < 0 and cg.path)
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join \
             or spec.pause_at == "after-clone"
+        # `run` built its plan with the collector off (cli.run_and_exit): what
+        # is loaded by now is frozen, so neither process walks it again, and
+        # both collect what they allocate from here on.  select: loaded before
+        # the clone, for init (_peer_gone) and the supervision alike.
+        import gc
+        import select  # noqa: F401
+        gc.freeze()
+        gc.enable()
         pid, child, go_w, err_r = spawn_init(plan, cg, tty, wait, member, hold=True)
         _write_maps(plan, pid)
         if v1_join:

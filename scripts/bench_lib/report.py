@@ -111,10 +111,22 @@ def print_targets(tgts, write):
 
 _IMPORT_LINE = re.compile(r"import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s*)(\S+)")
 
+# Issue 24's targets for the lean launch path.
+LEAN_IMPORTS = 35          # modules a launch imports beyond the interpreter's start-up
+LEAN_OWN_WORK = 2.0        # x bwrap's median: gpusandbox's median minus python -I -S's
 
-def importtime(text, top=15):
+
+def import_names(text):
+    """The module names of `python -X importtime` output, in order, each as
+    often as it was imported (the launcher and its forked init both write)."""
+    return [m.group(4) for m in map(_IMPORT_LINE.match, text.splitlines()) if m]
+
+
+def importtime(text, top=15, startup=None):
     """Summarise `python -X importtime` output: total, the costliest modules
-    by own time, and the top-level imports by cumulative time."""
+    by own time, and the top-level imports by cumulative time; with
+    `startup` (the names `-c pass` imports with the same interpreter), the
+    modules beyond the interpreter's own start-up, issue 24's count."""
     rows = []
     for line in text.splitlines():
         m = _IMPORT_LINE.match(line)
@@ -130,7 +142,28 @@ def importtime(text, top=15):
         "top_self_ms": [[r[0], round(r[1] / 1000, 2)] for r in by_self],
         "top_level_cumulative_ms": [[r[0], round(r[2] / 1000, 2)] for r in top_level],
         "gpusandbox_modules": sorted(r[0] for r in rows if r[0].startswith("gpusandbox")),
+        **({} if startup is None else {"beyond_startup": [
+            r[0] for r in rows if r[0] not in frozenset(startup)]}),
     }
+
+
+def lean_targets(launchers, prof):
+    """Issue 24's targets: gpusandbox's own work above the interpreter
+    against bwrap's whole launch, and the launch's imports (the 50 launches
+    at once are issue 8's target above)."""
+    by = {l.name: l for l in launchers if l.status == "ok" and l.samples}
+    ref, py, bw = by.get(REF), by.get("python-startup-IS"), by.get("bwrap-rootless")
+    own = ref.stats["median_ms"] - py.stats["median_ms"] if (ref and py) else None
+    it = (prof or {}).get("importtime") or {}
+    beyond = it.get("beyond_startup")
+    return [
+        _target(f"rootless --gpus 0,1: its median minus python-startup-IS's <= "
+                f"{LEAN_OWN_WORK:g}x bwrap rootless", own,
+                bw.stats["median_ms"] * LEAN_OWN_WORK if (own is not None and bw) else None,
+                "ms"),
+        _target(f"launch imports beyond the interpreter's start-up <= {LEAN_IMPORTS}",
+                None if beyond is None else len(beyond), LEAN_IMPORTS, "modules"),
+    ]
 
 
 def print_launch(res, rows, conc, mem, disco, runs, warmup, w):
@@ -175,11 +208,19 @@ def print_launch(res, rows, conc, mem, disco, runs, warmup, w):
         it = prof["importtime"]
         w("")
         w(f"launcher imports (-X importtime, fastest of 5): {it['modules']} modules, "
-          f"{it['total_ms']} ms")
+          f"{it['total_ms']} ms" + ("" if "beyond_startup" not in it else
+                                    f"; {len(it['beyond_startup'])} beyond the "
+                                    "interpreter's start-up"))
         w("  top-level, cumulative ms: " + ", ".join(
             f"{n} {t}" for n, t in it["top_level_cumulative_ms"][:6]))
         w("  by own time, ms: " + ", ".join(f"{n} {t}" for n, t in it["top_self_ms"][:6]))
     print_targets(res["targets"], w)
+    if res.get("lean_targets"):
+        w("")
+        w("targets (issue 24, the lean launch path):")
+        for t in res["lean_targets"]:
+            w(f"  {t['status']:<5} {t['target']}" + ("" if t["status"] == "n/a" else
+              f": {t['value']} {t['unit']} (limit {t['limit']} {t['unit']})"))
     if res.get("oci_targets"):
         w("")
         w("targets (issue 12, container-stack interfaces):")

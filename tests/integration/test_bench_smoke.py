@@ -51,6 +51,7 @@ def test_exits_zero_and_prints_the_table(bench):
     for row in ROWS:
         assert any(l.startswith(row) for l in lines), f"{row} missing:\n{p.stdout}"
     assert "targets (issue 8):" in p.stdout
+    assert "targets (issue 24, the lean launch path):" in p.stdout
     assert f"results: {bench['json']}" in p.stdout
 
 
@@ -76,10 +77,14 @@ def test_results_file_has_the_expected_keys(bench):
     for mode, m in doc["memory"].items():
         assert m["rss_mb"] > 0 and m["processes"], mode
         assert all(p["comm"] != "sleep" for p in m["processes"]), mode
-    assert len(doc["targets"]) == 5
-    for t in doc["targets"]:
+    assert len(doc["targets"]) == 5 and len(doc["lean_targets"]) == 2
+    for t in doc["targets"] + doc["lean_targets"]:
         assert set(t) == TARGET_KEYS
         assert t["status"] in ("PASS", "MISS", "n/a")
+    # issue 24's count: the launch's own modules, not the interpreter's
+    beyond = doc["profile"]["importtime"]["beyond_startup"]
+    assert "gpusandbox.stages.parent" in beyond and "encodings" not in beyond
+    assert doc["lean_targets"][1]["value"] == len(beyond)
 
 
 def test_cleans_up_after_itself(bench):

@@ -5,7 +5,7 @@ import pytest
 
 from gpusandbox.cli import RUN_HELP, RUN_USAGE, parse_run_args
 from gpusandbox.errors import UsageError
-from gpusandbox.gpu.selector import normalise
+from gpusandbox.gpu.request import normalise
 from gpusandbox.mountopt import parse_mount, size_bytes
 from gpusandbox.spec import Bind, Tmpfs
 from gpusandbox.suggest import unknown_command
@@ -232,3 +232,13 @@ def test_the_launch_path_stays_lean():
                          cwd=Path(__file__).parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_gpus_without_quotes_split_as_docker_csv_does():
+    """--gpus text without a double quote is split without loading mountopt
+    (the launch path's), into exactly what docker's CSV reader makes of it."""
+    from gpusandbox.gpu import request
+    from gpusandbox.mountopt import csv_fields
+    for text in ("0,1", "count=2", "device=1", ",", "a,,b", "", " 0 , 1 ", "capabilities=x,0"):
+        assert request._fields(text) == csv_fields(text), text
+    assert normalise('"device=1,2"') == ("1,2", None)
