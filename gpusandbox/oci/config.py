@@ -75,7 +75,9 @@ class OciExtras:
                  "sys_at",
                  # [(path, detached mount fd)]: the mknod entries `create` made
                  # for a container with a user namespace (linux/devnodes.premake_devices)
-                 "premade")
+                 "premade",
+                 # linux.resources as linux/cgroupres.Limits (`create` applies them)
+                 "limits")
 
 
 def read(bundle, path=None):
@@ -330,6 +332,8 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
             if host_env.get(ENV_DIRS):
                 plan_env[ENV_DIRS] = host_env[ENV_DIRS]
     x = OciExtras()
+    from ..linux.cgroupres import from_oci
+    x.limits = from_oci(_get(linux, "resources", dict, "linux", {}))
     x.mounts, x.sys_at = [], None
     for i, e in enumerate(_get(conf, "mounts", list, "mounts", [])):
         m = _mount(i, e, bundle)

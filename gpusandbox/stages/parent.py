@@ -87,7 +87,7 @@ def launch(spec):
     child = None
     try:
         channel.pause_point(plan, "after-cgroup")
-        v1_join = bool(cg.dirfd < 0 and cg.path)
+        v1_join = cg.needs_join
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join \
             or spec.pause_at == "after-clone"
         pid, child, go_w, err_r = spawn_init(plan, cg, tty, wait, member, hold=True)

@@ -129,13 +129,12 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
                                    e.strerror) from None
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if x.terminal else None
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
-        limits = None
-        if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
-            limits = cgroup.Limits(memory=spec.memory, memory_swap=spec.memory_swap,
-                                   pids=spec.pids_limit, cpus=spec.cpus)
+        limits = None if x.limits.empty() else x.limits
         try:
+            # v1_all: a v1 leaf in each limit controller's hierarchy, for `update`.
             cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
-                                best_effort=True, name_prefix="gpusandbox-oci", detached=True)
+                                best_effort=True, name_prefix="gpusandbox-oci", detached=True,
+                                v1_all=True)
         except SandboxError as e:
             if host_uid() == 0:
                 raise
@@ -147,7 +146,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         for w in cg.warnings:
             log.warn(w)
         plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
-        v1_join = bool(cg.dirfd < 0 and cg.path)
+        v1_join = cg.needs_join
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         pid, _, go_w, err_r = parent.spawn_init(plan, cg, tty, wait)
@@ -182,6 +181,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
               "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs,
               "created": created,
               "annotations": x.annotations, "cgroup": cg.path, "cgroup_version": cg.version,
+              "cgroup_v1": cg.v1,
               "hooks": x.hooks, "_dir": d}
         state.save(st)
         if pid_file:

@@ -178,9 +178,8 @@ def delete(root, cid, force, log):
             os.close(pfd)
     if st.get("cgroup"):
         from ...linux.cgroup import CgroupHandle
-        h = CgroupHandle()
-        h.path, h.version = st["cgroup"], st.get("cgroup_version") or 2
-        if os.path.isdir(h.path):
+        h = CgroupHandle.restore(st["cgroup"], st.get("cgroup_version"), st.get("cgroup_v1"))
+        if os.path.isdir(h.path) or h.v1:
             h.teardown()
             for note in h.notes:
                 log.warn(note)
