@@ -59,6 +59,7 @@ class CgroupHandle:
         self.version = None      # 2 or 1 when a leaf exists
         self.v1 = []             # cgroup v1 leaves of the limits (cgroupv1.py)
         self.v1_at = {}          # {v1 controller: its leaf}
+        self.v1_view = []        # [(directory name, controllers)] of their hierarchies
         self._fd = -1            # O_RDONLY fd of the leaf: bpf() refuses O_PATH fds
         self._prog_fd = -1
         self._reaper = -1        # write end of the reaper's pipe (reaper.py)
@@ -83,6 +84,18 @@ class CgroupHandle:
         """Whether the launcher must join() the init by pid: v1 leaves, or
         no dirfd for clone3(CLONE_INTO_CGROUP)."""
         return bool(self.v1) or bool(self.dirfd < 0 and self.path)
+
+    def view(self):
+        """What the sandbox's /sys/fs/cgroup shows (plan.own_cgroup, for
+        stages/sysmounts.py): False (none of its own), True (its cgroup2
+        leaf), or [(name, controllers)] of its v1 hierarchies, with
+        ("unified", None) for its cgroup2 leaf beside them (hybrid)."""
+        if not self.v1_view:
+            return self.version == 2 and self.dirfd >= 0
+        view = list(self.v1_view)
+        if self.version == 2 and self.dirfd >= 0:
+            view.append(("unified", None))
+        return view
 
     @classmethod
     def restore(cls, path, version, v1=()):
@@ -254,7 +267,7 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
     files = _usable(h, files, pdir, mount, proc, mounts, best_effort)
     name = f"{prefix}-{os.getpid()}-{os.urandom(4).hex()}"
     leaf = os.path.join(pdir, name)
-    _start_reaper(h, leaf, 2, [os.path.join(p, name) for p, _ in where1.values()])
+    _start_reaper(h, leaf, 2, [os.path.join(p, name) for p, *_ in where1.values()])
     _mkdir(leaf)
     h.path, h.version = leaf, 2
     h.note(f"cgroup: {leaf}")
@@ -396,13 +409,14 @@ def _prepare_v1(h, mounts, parent, files, where, rules, privileged, best_effort,
     the v1 devices list."""
     why = "no cgroup2 filesystem is mounted (no line of type cgroup2 in /proc/self/mountinfo)"
     name = f"{prefix}-{os.getpid()}-{os.urandom(4).hex()}"
-    extra = [os.path.join(p, name) for p, _ in where.values()]
+    extra = [os.path.join(p, name) for p, *_ in where.values()]
     if not privileged:
         if extra:
             # The first v1 leaf is the one kill and teardown go through.
             _start_reaper(h, extra[0], 1, extra[1:])
             _make_v1(h, name, files, where, best_effort)
             h.path, h.version = h.v1.pop(0), 1
+            h.v1_view = []      # a rootless v1 mount in the sandbox is refused anyway
             h.v1_at = {c: p for c, p in h.v1_at.items() if p != h.path}
         else:
             h.note(f"cgroup: none ({why})")

@@ -35,7 +35,8 @@ def hierarchies(mounts):
 
 
 def parents(controllers, parent, proc="/proc", mounts=None):
-    """({mount point: (parent dir, [controllers])}, {controller: why}) for
+    """({mount point: (parent dir, [controllers], [every controller of the
+    hierarchy])}, {controller: why}) for
     the v1 controllers in `controllers` that are mounted; `why` says why one
     cannot have a leaf (not mounted, the parent not writable)."""
     mounts = _mounts(proc) if mounts is None else mounts
@@ -59,7 +60,7 @@ def parents(controllers, parent, proc="/proc", mounts=None):
         if not all(cgfs._writable(f) for f in (pdir, f"{pdir}/cgroup.procs")):
             bad[ctl] = f"{pdir} is not writable by uid {os.getuid()}"
             continue
-        out[point] = (pdir, [ctl])
+        out[point] = (pdir, [ctl], [c for c, (p, _) in at.items() if p == point])
     return out, bad
 
 
@@ -89,7 +90,7 @@ def plan(limits, parent, proc, mounts, *, v1_all, pure, prefix, notes, fail, hin
             f"cgroup: no cgroup v1 leaf for the limits: {what}",
             "; ".join(f"{c}: {why}" for c, why in bad.items()),
             hint=f"run as root or pass --cgroup-parent naming a writable cgroup; {hint}"))
-    for pdir, _ in where.values():
+    for pdir, *_ in where.values():
         clean_stale(pdir, prefix, proc, notes)
     return [f for f in files if f[0] not in bad], where
 
@@ -98,10 +99,11 @@ def make(h, name, where, files, fail):
     """mkdir the leaf `name` under each parent of `where` (parents()),
     recording it in h.v1 before the mkdir, and write the v1 `files` of its
     controllers; fail(CgroupError) reports a file that cannot be written."""
-    for point, (pdir, ctls) in where.items():
+    for point, (pdir, ctls, every) in where.items():
         leaf = os.path.join(pdir, name)
         cgfs._mkdir(leaf)
         h.v1.append(leaf)
+        h.v1_view.append((os.path.basename(point), tuple(every)))
         for ctl in ctls:
             h.v1_at[ctl] = leaf
         if "cpuset" in ctls:

@@ -74,7 +74,7 @@ def launch(spec):
     # once its own handlers are in place, and forwards them.
     _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
     cg = _cgroup(plan, spec)
-    plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
+    plan.own_cgroup = cg.view()
     if not spec.verbose:
         for w in cg.warnings:
             _say(f"warning: {w}")

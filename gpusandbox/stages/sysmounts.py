@@ -103,10 +103,10 @@ def sysfs(plan, rootfd, src, fresh=False):
                          | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
         m.attach(empty, target, f"covering {path}")
     if plan.own_cgroup:
-        _cgroup_view(rootfd)
+        _cgroup_view(rootfd, plan.own_cgroup)
 
 
-def _cgroup_view(rootfd):
+def _cgroup_view(rootfd, view=True):
     """/sys/fs/cgroup: a fresh cgroup2 mount, read-only.  It is made inside the
     sandbox's cgroup namespace, whose root is the sandbox's own leaf, so it
     shows that leaf and nothing above it (cgroup_namespaces(7)); hybrid hosts
@@ -118,6 +118,8 @@ def _cgroup_view(rootfd):
     # The namespace root is the cgroup this process was in at clone time; a
     # new namespace here pins it to the leaf whatever clone3 did first.
     k.syscall("unshare", k.CLONE_NEWCGROUP)
+    if view is not True:
+        return _cgroup_v1_view(rootfd, view)
     try:
         fd = m.new_fs("cgroup2", (), k.MOUNT_ATTR_RDONLY | k.MOUNT_ATTR_NOSUID
                       | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
@@ -125,6 +127,30 @@ def _cgroup_view(rootfd):
         return
     m.attach(fd, m.open_target(rootfd, "/sys/fs/cgroup", create=False, strict=True),
              "mounting the sandbox's cgroup at /sys/fs/cgroup")
+
+
+def _cgroup_v1_view(rootfd, view):
+    """The v1 layout (linux/cgroupv1.py's leaves): a tmpfs at /sys/fs/cgroup
+    with a fresh read-only mount of each hierarchy the sandbox has a leaf
+    in (the namespace root is that leaf), and of cgroup2 at unified beside
+    them on a hybrid host; the tmpfs is made read-only last.  A hierarchy the
+    kernel refuses to mount here (a user namespace) is left out."""
+    ro = k.MOUNT_ATTR_RDONLY | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC
+    top = m.new_fs("tmpfs", ("size=4k", "mode=0755"), ro & ~k.MOUNT_ATTR_RDONLY)
+    m.attach(top, m.open_target(rootfd, "/sys/fs/cgroup", create=False, strict=True),
+             "mounting a tmpfs at /sys/fs/cgroup")
+    for name, ctls in view:
+        try:
+            fd = m.new_fs("cgroup2", (), ro) if ctls is None else m.new_fs("cgroup", ctls, ro)
+        except OSError:
+            continue
+        m.attach(fd, m.open_target(rootfd, f"/sys/fs/cgroup/{name}", strict=True),
+                 f"mounting the sandbox's cgroup at /sys/fs/cgroup/{name}")
+    fd = m.open_target(rootfd, "/sys/fs/cgroup", create=False, strict=True)
+    try:
+        m.restrict(fd, ro=True, noexec=True, recursive=False)
+    finally:
+        os.close(fd)
 
 
 def mask(rootfd, plan):

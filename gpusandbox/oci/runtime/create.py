@@ -145,7 +145,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             cg = cgroup.CgroupHandle()
         for w in cg.warnings:
             log.warn(w)
-        plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
+        plan.own_cgroup = cg.view()
         v1_join = cg.needs_join
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
