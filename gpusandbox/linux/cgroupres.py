@@ -224,7 +224,8 @@ def from_oci(res, where="linux.resources"):
     weight = num(sect("blockIO"), "blockIO", "weight")
     if weight:
         lim.blkio_weight = weight
-    tlb = res.get("hugepageLimits") or []
+    tlb = res.get("hugepageLimits")
+    tlb = [] if tlb is None else tlb
     if not isinstance(tlb, list):
         raise UsageError(f"{where}.hugepageLimits: not a list", hint="see the OCI runtime spec")
     for i, ent in enumerate(tlb):

@@ -263,7 +263,7 @@ def features():
            "mountOptions": sorted(c.FLAG_OPTS),
            "linux": {"namespaces": sorted(c.NS_FLAGS),
                      "capabilities": ["CAP_" + n for n in c.CAPS],
-                     "cgroup": {"v1": False, "v2": True, "systemd": False, "systemdUser": False},
+                     "cgroup": {"v1": True, "v2": True, "systemd": False, "systemdUser": False},
                      "seccomp": {"enabled": True,
                                  "actions": ["SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL",
                                              "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_KILL_THREAD",
