@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from . import nsrun
-from .conftest import VENV
+from .conftest import VENV, wait_for
 
 TOP = "/sys/fs/cgroup"
 OCI = str(VENV / "bin" / "gpusandbox-oci")
@@ -114,6 +114,25 @@ def test_run_pids_limit_holds(cli, rootfs, parent):
         r.stdout
 
 
+def test_launcher_killed_leaves_no_v1_leaf(cli, rootfs, parent):
+    """kill -9 of the launcher: its reaper removes the v1 leaves too."""
+    marker = f"77.{os.getpid()}"
+    p = subprocess.Popen([cli, "run", "--cgroup-parent", f"/{parent}", "--memory", "64m",
+                          "--pids-limit", "20", str(rootfs), "sleep", marker],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        mine = lambda c: [n for n in os.listdir(f"{TOP}/{c}/{parent}") if n.startswith("gpusandbox")]
+        assert wait_for(lambda: mine("memory") and mine("pids")
+                        and Path(f"{TOP}/pids/{parent}/{mine('pids')[0]}/cgroup.procs")
+                        .read_text().strip())
+    finally:
+        p.kill()
+        p.wait()
+    assert wait_for(lambda: not mine("memory") and not mine("pids"), timeout=30), \
+        (mine("memory"), mine("pids"))
+
+
 def _bundle(tmp, rootfs, resources, args=("sleep", "60")):
     b = Path(tmp)
     b.mkdir()
@@ -185,8 +204,16 @@ def test_runtime_create_update_delete(cli, rootfs, parent, tmp_path):
         r = _oci(st, "update", "-r", "-", cid, stdin='{"pids": {"limit": "x"}}')
         assert r.returncode == 1 and "pids.limit: not an integer" in r.stderr
         assert pids("pids.max") == "50"
+        # Stopped, then a plain `delete` through the shell entry: the v1 leaves
+        # make it hand over to Python, which removes them all.
+        assert _oci(st, "kill", cid, "KILL").returncode == 0
+        assert wait_for(lambda: json.loads(_oci(st, "state", cid).stdout)["status"] == "stopped")
+        r = _oci(st, "update", "--pids-limit", "9", cid)
+        assert r.returncode == 1 and "not running" in r.stderr
+        r = _oci(st, "delete", cid)
     finally:
-        r = _oci(st, "delete", "--force", cid)
+        if os.path.exists(f"{st}/{cid}"):
+            r = _oci(st, "delete", "--force", cid)
     assert r.returncode == 0, r.stderr
     # (the fixture checks that no leaf is left under the parent)
 
