@@ -185,17 +185,13 @@ class CgroupHandle:
 
 # --- prepare ---------------------------------------------------------------------
 def prepare(parent=None, limits=None, device_rules=None, best_effort=False,
-            name_prefix="gpusandbox", verbose=None, *, proc="/proc", detached=False,
-            v1_all=False):
+            name_prefix="gpusandbox", verbose=None, *, proc="/proc", detached=False):
     """Create the sandbox's cgroup; see the module docstring.  Raises
     UsageError (bad limits or parent) or CgroupError; never leaves a partial
     setup behind.  detached: the leaf outlives this process (the OCI
-    runtime's `create`, whose `delete` removes it), so no reaper is forked.
-    v1_all: a v1 leaf in every writable hierarchy of V1_CONTROLLERS, not
-    only those the limits need (the OCI runtime's, for `update`)."""
+    runtime's `create`, whose `delete` removes it), so no reaper is forked."""
     h = CgroupHandle(verbose)
     h.detached = detached
-    h.v1_all = v1_all
     try:
         _prepare(h, parent, limits, device_rules, best_effort, name_prefix, proc)
     except BaseException:
@@ -236,7 +232,7 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
     mounts = _mounts(proc)
     cg2 = _cgroup2(mounts)
     files1, where1 = cgroupv1.plan(
-        limits, parent, proc, mounts, v1_all=h.v1_all, pure=cg2 is None, prefix=prefix,
+        limits, parent, proc, mounts, pure=cg2 is None, prefix=prefix,
         notes=h.notes, fail=lambda err: _fail_or_note(h, best_effort, err),
         hint=f"or drop the option, or run without it ({BEST_EFFORT_OPTION})")
     if cg2 is None:

@@ -39,9 +39,6 @@ OPTION = {
     "cpuset.cpus": "--cpuset-cpus", "cpuset.mems": "--cpuset-mems",
     "io.weight": "--blkio-weight", "blkio.weight": "--blkio-weight",
 }
-# Controllers a v1 leaf is made in for the OCI runtime (so `update` finds
-# them), in this order; devices stays with the filter (cgroup.py).
-V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuset", "blkio", "hugetlb")
 _CPUSET = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 _PAGESIZE = re.compile(r"^\d+[KMG]B$")
 

@@ -19,7 +19,7 @@ from gpusandbox.errors import CgroupError, UsageError
 
 from . import cgfs
 from .cgfs import _mounts, _own_cgroups, _read, _resolve_parent, _rmtree, _v1_bound, clean_stale
-from .cgroupres import V1_CONTROLLERS, option
+from .cgroupres import option
 
 
 def hierarchies(mounts):
@@ -64,24 +64,22 @@ def parents(controllers, parent, proc="/proc", mounts=None):
     return out, bad
 
 
-def plan(limits, parent, proc, mounts, *, v1_all, pure, prefix, notes, fail, hint):
-    """(v1 files, {mount point: (parent, controllers)}) for the limits whose
-    controller is bound to cgroup v1 (every one on a pure v1 host, `pure`);
-    v1_all: every mounted one of V1_CONTROLLERS too (the OCI runtime's, so
-    that `update` finds them).  A needed controller without a leaf goes to
-    fail(CgroupError); stale leaves under each parent are swept."""
-    if limits is None and not v1_all:
+def plan(limits, parent, proc, mounts, *, pure, prefix, notes, fail, hint):
+    """(v1 files, {mount point: (parent, controllers, every controller of
+    the hierarchy)}) for the limits whose controller is bound to cgroup v1
+    (every one on a pure v1 host, `pure`).  A needed controller without a
+    leaf goes to fail(CgroupError); stale leaves under each parent are
+    swept.  Only the controllers the limits name get a leaf: `update` makes
+    the others when it needs them (cgroupupdate.py)."""
+    if limits is None:
         return [], {}
     at = hierarchies(mounts)
     bound = _v1_bound(proc) | set(at)
-    need = [c for c in (limits.controllers() if limits is not None else [])
-            if c in bound or pure]
-    want = list(dict.fromkeys(need + [c for c in V1_CONTROLLERS if v1_all and c in at]))
-    if not want:
+    need = [c for c in limits.controllers() if c in bound or pure]
+    if not need:
         return [], {}
-    where, bad = parents(want, parent, proc, mounts)
-    bad = {c: why for c, why in bad.items() if c in need}
-    files = limits.files(1) if limits is not None else []
+    where, bad = parents(need, parent, proc, mounts)
+    files = limits.files(1)
     if bad:
         what = ", ".join(
             f"{c} ({', '.join(dict.fromkeys(option(f) for c2, f, _ in files if c2 == c))})"

@@ -192,6 +192,15 @@ def test_runtime_create_update_delete(cli, rootfs, parent, tmp_path):
         r = _oci(st, "exec", cid, "cat", "/sys/fs/cgroup/pids/pids.max",
                  "/sys/fs/cgroup/memory/memory.limit_in_bytes")
         assert r.stdout.split() == ["50", str(96 << 20)], r.stderr
+        # A controller the config did not limit (no leaf yet): update makes its
+        # leaf where create would have, moves the container in, and delete
+        # removes it (the fixture checks).
+        assert not [n for n in os.listdir(f"{TOP}/cpuset/{parent}") if n.startswith("gpusandbox")]
+        r = _oci(st, "update", "--cpuset-cpus", "0", cid)
+        assert r.returncode == 0, r.stderr
+        cpuset = _leaf_files(parent, "cpuset")
+        assert cpuset("cpuset.cpus") == "0" and cpuset("cgroup.procs").split() == \
+            [str(json.loads(_oci(st, "state", cid).stdout)["pid"])]
         # Bad values: one line (and its hint), exit 1, nothing changed.
         for args, needle in ((["--pids-limit", "abc"], "--pids-limit abc: not a positive number"),
                              (["--memory", "1k"], "--memory 1k: below the 6 MiB minimum"),
@@ -295,10 +304,15 @@ def test_podman_limits_and_update(cli, rootfs, tmp_path):
         r = podman("exec", cid, *show)
         assert r.stdout.split() == [str(64 << 20), "20", "50000"], r.stderr
         # podman 4.3's update has no --pids-limit.
-        r = podman("update", "--memory", "128m", "--cpus", "0.25", cid)
+        r = podman("update", "--memory", "128m", "--cpus", "0.25", "--cpuset-cpus", "0", cid)
         assert r.returncode == 0, r.stderr
         r = podman("exec", cid, *show)
         assert r.stdout.split() == [str(128 << 20), "20", "25000"], r.stderr
+        # cpuset had no leaf before: update made one.
+        state = json.loads(Path(f"/run/gpusandbox-oci/{cid}/state.json").read_text())
+        leaves = state["cgroup_v1"]
+        cs = [p for p in leaves if p.startswith(f"{TOP}/cpuset/")]
+        assert len(cs) == 1 and Path(f"{cs[0]}/cpuset.cpus").read_text().strip() == "0"
         assert podman("rm", "-f", cid).returncode == 0
         assert [p for p in leaves + [state["cgroup"]] if os.path.exists(p)] == []
     finally:

@@ -41,6 +41,10 @@ class Fake:
             if str(path) in self.unwritable:
                 raise PermissionError(13, "Permission denied")
             self.writes.append((str(path), text))
+            if str(path).endswith("/cgroup.procs"):    # the kernel adds the pid
+                with open(path, "a") as f:
+                    f.write(f"{text}\n")
+                return
             real_write(path, text)
             if str(path).endswith("cgroup.subtree_control"):   # the kernel accumulates +ctl
                 p = str(path)
@@ -270,31 +274,41 @@ def test_v1_bound_controllers_get_v1_leaves(fake):
     assert (read("cpu", "cpu.cfs_period_us"), read("cpu", "cpu.cfs_quota_us")) == ("100000", "150000")
     assert not any(w[0].startswith(str(fake.cg)) and "memory" in w[0] for w in fake.writes)
     h.join(4242)
-    assert all(open(f"{p}/cgroup.procs").read() == "4242" for p in h.v1)
+    assert all(open(f"{p}/cgroup.procs").read() == "4242\n" for p in h.v1)
     h.teardown()
     assert all(not os.path.exists(p) for p in h.v1) and not os.path.exists(h.path)
 
 
-def test_v1_all_makes_leaves_for_update_and_cpuset_inherits(fake):
+def test_update_makes_a_missing_v1_leaf_and_moves_the_members(fake):
     fake.set_proc(v1=("memory", "cpuset"))
     for c in ("memory", "cpuset"):
         fake.v1dir(fake.v1 / c)
-    h = prepare(fake, v1_all=True)
+    (fake.v1 / "cpuset" / "box").mkdir()
+    fake.v1dir(fake.v1 / "cpuset" / "box")
+    h = prepare(fake, limits=Limits(memory="1g"))
     name = os.path.basename(h.path)
-    assert h.v1 == [str(fake.v1 / "memory" / name), str(fake.v1 / "cpuset" / name)]
-    # A new v1 cpuset cgroup is empty until given its parent's cpus and mems.
-    assert open(fake.v1 / "cpuset" / name / "cpuset.cpus").read() == "0-3"
-    assert open(fake.v1 / "cpuset" / name / "cpuset.mems").read() == "0"
+    assert h.v1 == [str(fake.v1 / "memory" / name)]
+    open(f"{h.path}/cgroup.procs", "w").write("4242\n4243\n")
+    # The init never joined a cpuset leaf: it still sits where `create` was.
+    (fake.proc / "4242").mkdir()
+    (fake.proc / "4242" / "cgroup").write_text(f"2:cpuset:/box\n1:memory:/{name}\n0::/{name}\n")
     from gpusandbox.linux import cgroupupdate
     fake.mp.setattr(cgroupupdate, "_write", cgfs._write)
+    recorded = []
     cgroupupdate.update(h.path, 2, h.v1, Limits(memory="64m", cpuset_cpus="1"),
-                        proc=str(fake.proc))
+                        proc=str(fake.proc), pid=4242, record=recorded.append)
+    new = str(fake.v1 / "cpuset" / "box" / name)
+    assert recorded == [new]
     assert (str(fake.v1 / "memory" / name / "memory.limit_in_bytes"), str(64 << 20)) in fake.writes
-    assert (str(fake.v1 / "cpuset" / name / "cpuset.cpus"), "1") in fake.writes
+    assert (f"{new}/cpuset.cpus", "1") in fake.writes
+    # A new v1 cpuset cgroup is empty until given its nearest ancestor's cpus and mems.
+    assert (f"{new}/cpuset.mems", "0") in fake.writes
+    assert {(f"{new}/cgroup.procs", p) for p in ("4242", "4243")} <= set(fake.writes)
     with pytest.raises(CgroupError) as e:   # pids: neither a v1 leaf nor enabled in cgroup2
         cgroupupdate.update(h.path, 2, h.v1, Limits(pids="7"), proc=str(fake.proc))
     assert e.value.what.startswith("update: cannot set --pids-limit (pids.max = 7)")
     assert "not enabled" in e.value.why
+    h.v1 += recorded
     h.teardown()
     assert all(not os.path.exists(p) for p in h.v1)
 

@@ -99,7 +99,7 @@ def test_every_file_names_its_option():
 def test_update_flags_and_resources_file(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_update(path, version, v1, limits):
+    def fake_update(path, version, v1, limits, **kw):
         seen.update(path=path, version=version, v1=v1, files=limits.files(1))
 
     from gpusandbox.linux import cgroupupdate

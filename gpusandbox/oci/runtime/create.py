@@ -131,10 +131,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
         limits = None if x.limits.empty() else x.limits
         try:
-            # v1_all: a v1 leaf in each limit controller's hierarchy, for `update`.
             cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
-                                best_effort=True, name_prefix="gpusandbox-oci", detached=True,
-                                v1_all=True)
+                                best_effort=True, name_prefix="gpusandbox-oci", detached=True)
         except SandboxError as e:
             if host_uid() == 0:
                 raise

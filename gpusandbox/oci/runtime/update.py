@@ -58,7 +58,17 @@ def main_update(root, rest):
         raise SandboxError(f"update {cid}: the container has no cgroup", None,
                            "create the container as root or in a delegated cgroup")
     from ...linux import cgroupupdate
-    cgroupupdate.update(st.get("cgroup"), st.get("cgroup_version"), st.get("cgroup_v1"), limits)
+    leaves = list(st.get("cgroup_v1") or ())
+
+    def record(leaf):
+        # Kept in the state before it exists: `delete` removes it whatever
+        # happens after.
+        leaves.append(leaf)
+        st["cgroup_v1"] = leaves
+        state.save(st)
+
+    cgroupupdate.update(st.get("cgroup"), st.get("cgroup_version"), leaves, limits,
+                        pid=st.get("pid"), record=record)
     return 0
 
 
