@@ -23,7 +23,6 @@ The one table of what goes where:
 | hugepage limits      | hugetlb.<size>.max                | hugetlb.<size>.limit_in_bytes   |
 """
 import os
-import re
 
 from gpusandbox.errors import UsageError
 
@@ -39,8 +38,21 @@ OPTION = {
     "cpuset.cpus": "--cpuset-cpus", "cpuset.mems": "--cpuset-mems",
     "io.weight": "--blkio-weight", "blkio.weight": "--blkio-weight",
 }
-_CPUSET = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
-_PAGESIZE = re.compile(r"^\d+[KMG]B$")
+
+
+def _cpuset_ok(text):
+    """'0-3,8': numbers and ranges (no `re`: off OCI create's import path,
+    tests/unit/test_oci_fastjson.py)."""
+    for part in text.split(","):
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or not lo.isascii() or (dash and not (hi.isdigit() and hi.isascii())):
+            return False
+    return True
+
+
+def _pagesize_ok(size):
+    return (isinstance(size, str) and len(size) > 2 and size[-2:] in ("KB", "MB", "GB")
+            and size[:-2].isdigit() and size[:-2].isascii())
 
 
 def option(name):
@@ -111,7 +123,7 @@ class Limits:
             val = getattr(self, f"cpuset_{name}")
             if val is not None:
                 val = str(val).strip()
-                if not _CPUSET.match(val):
+                if not _cpuset_ok(val):
                     raise UsageError(f"{opt} {val}: not a list of numbers",
                                      hint="give numbers and ranges such as 0-3,8")
                 out.append(("cpuset", f"cpuset.{name}", val))
@@ -120,7 +132,7 @@ class Limits:
             out.append(("blkio", "blkio.weight", str(w)) if v1 else
                        ("io", "io.weight", f"default {w}"))
         for size, limit in self.hugetlb:
-            if not isinstance(size, str) or not _PAGESIZE.match(size):
+            if not _pagesize_ok(size):
                 raise UsageError(f"hugepage limit {size!r}: not a page size",
                                  hint="give a size such as 2MB or 1GB")
             lim = _size(f"hugepage limit {size}", limit)
