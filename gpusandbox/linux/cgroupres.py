@@ -21,6 +21,10 @@ The one table of what goes where:
 | --cpuset-cpus/-mems  | cpuset.cpus, cpuset.mems          | cpuset.cpus, cpuset.mems        |
 | --blkio-weight       | io.weight "default N"             | blkio.weight                    |
 | hugepage limits      | hugetlb.<size>.max                | hugetlb.<size>.limit_in_bytes   |
+| OOM killer disabled  | (none: cgroup v2 has no switch)   | memory.oom_control 1            |
+
+blkio.weight missing on v1 (no CFQ/BFQ weight on the host's scheduler):
+blkio.bfq.weight instead, where BFQ has it (cgroupv1.write).
 """
 import os
 
@@ -37,6 +41,7 @@ OPTION = {
     "cpu.weight": "--cpu-shares", "cpu.shares": "--cpu-shares",
     "cpuset.cpus": "--cpuset-cpus", "cpuset.mems": "--cpuset-mems",
     "io.weight": "--blkio-weight", "blkio.weight": "--blkio-weight",
+    "memory.oom_control": "memory.disableOOMKiller",
 }
 
 
@@ -66,7 +71,7 @@ class Limits:
     """Raw values; files(version) validates them."""
     __slots__ = ("memory", "memory_swap", "pids", "cpus", "memory_reservation", "cpu_shares",
                  "cpu_quota", "cpu_period", "cpuset_cpus", "cpuset_mems", "blkio_weight",
-                 "hugetlb")
+                 "hugetlb", "oom_kill_disable")
 
     def __init__(self, memory=None, memory_swap=None, pids=None, cpus=None, **more):
         self.memory, self.memory_swap, self.pids, self.cpus = memory, memory_swap, pids, cpus
@@ -77,11 +82,12 @@ class Limits:
         self.hugetlb = list(self.hugetlb or ())
 
     def empty(self):
-        return all(getattr(self, n) in (None, []) for n in self.__slots__)
+        return all(getattr(self, n) in (None, [], False) for n in self.__slots__)
 
     def controllers(self):
         """The controllers these limits need (v1 names; io is blkio)."""
-        return list(dict.fromkeys(c if c != "io" else "blkio" for c, _, _ in self.files(2)))
+        return list(dict.fromkeys(c if c != "io" else "blkio"
+                                  for c, _, _ in self.files(2) + self.files(1)))
 
     def files(self, version=2, current=None):
         """[(controller, file, value)] for cgroup `version`.  current(file):
@@ -116,6 +122,8 @@ class Limits:
             res = _size("--memory-reservation", self.memory_reservation)
             out.append(("memory", "memory.soft_limit_in_bytes" if v1 else "memory.low",
                         _v(res, v1)))
+        if self.oom_kill_disable and v1:
+            out.append(("memory", "memory.oom_control", "1"))
         if self.pids is not None:
             out.append(("pids", "pids.max", _pids(self.pids)))
         out += self._cpu(v1, current)
@@ -211,6 +219,11 @@ def from_oci(res, where="linux.resources"):
     resv = num(mem, "memory", "reservation")
     if resv:
         lim.memory_reservation = "max" if resv < 0 else str(resv)
+    oom = mem.get("disableOOMKiller")
+    if oom is not None and not isinstance(oom, bool):
+        raise UsageError(f"{where}.memory.disableOOMKiller: not a boolean ({oom!r})",
+                         hint="give true or false")
+    lim.oom_kill_disable = bool(oom)
     pids = num(sect("pids"), "pids", "limit")
     if pids:
         lim.pids = "max" if pids < 0 else str(pids)

@@ -126,6 +126,9 @@ def write(h, files, leaf, fail):
         if mem == "-1" or int(mem) > now:
             files.sort(key=lambda f: f[1] != "memory.memsw.limit_in_bytes")
     for ctl, name, value in files:
+        if name == "blkio.weight" and not os.path.exists(f"{leaf}/{name}") \
+                and os.path.exists(f"{leaf}/blkio.bfq.weight"):
+            name = "blkio.bfq.weight"
         try:
             cgfs._write(f"{leaf}/{name}", value)
             h.note(f"cgroup: {name} = {value}")
@@ -135,6 +138,9 @@ def write(h, files, leaf, fail):
                 why = f"{leaf} has no {name}"
                 if name.startswith("memory.memsw"):
                     why = "swap accounting is off (kernel built without it, or swapaccount=0)"
+                elif name.startswith("blkio."):
+                    why = ("the host's block I/O scheduler has no weight (neither blkio.weight "
+                           "nor blkio.bfq.weight)")
             fail(CgroupError(f"cgroup: cannot set {option(name)} ({name} = {value}) in {leaf}",
                              why, hint="drop the option"))
 

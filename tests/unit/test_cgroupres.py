@@ -134,3 +134,23 @@ def test_update_bad_command_lines(argv, needle, monkeypatch):
     with pytest.raises(UsageError) as e:
         upd.main_update("/r", argv)
     assert e.value.line().startswith(needle) and e.value.hint
+
+
+def test_disable_oom_killer_is_v1_only():
+    lim = from_oci({"memory": {"limit": 1 << 30, "disableOOMKiller": True}})
+    assert ("memory", "memory.oom_control", "1") in lim.files(1)
+    assert [n for _, n, _ in lim.files(2)] == ["memory.max"]
+    assert from_oci({"memory": {"disableOOMKiller": True}}).controllers() == ["memory"]
+    with pytest.raises(UsageError):
+        from_oci({"memory": {"disableOOMKiller": 1}})
+
+
+def test_update_takes_runcs_cpu_share_spelling(monkeypatch):
+    seen = {}
+    from gpusandbox.linux import cgroupupdate
+    from gpusandbox.oci.runtime import state
+    monkeypatch.setattr(cgroupupdate, "update",
+                        lambda path, version, v1, limits, **kw: seen.update(s=limits.cpu_shares))
+    monkeypatch.setattr(state, "load", lambda root, cid: {"cgroup": "/u/l", "_dir": "/x"})
+    monkeypatch.setattr(state, "alive", lambda st: True)
+    assert upd.main_update("/r", ["--cpu-share", "300", "c1"]) == 0 and seen["s"] == "300"

@@ -14,10 +14,12 @@ import sys
 from ...errors import SandboxError, UsageError
 from .args import _one, _split
 
-# runc's flag -> the Limits field it sets.
+# runc's flag -> the Limits field it sets (--cpu-share: runc's own spelling;
+# --cpu-shares: docker's and crun's).
 FLAGS = {"--memory": "memory", "--memory-swap": "memory_swap",
          "--memory-reservation": "memory_reservation", "--pids-limit": "pids",
-         "--cpu-shares": "cpu_shares", "--cpu-quota": "cpu_quota", "--cpu-period": "cpu_period",
+         "--cpu-shares": "cpu_shares", "--cpu-share": "cpu_shares",
+         "--cpu-quota": "cpu_quota", "--cpu-period": "cpu_period",
          "--cpuset-cpus": "cpuset_cpus", "--cpuset-mems": "cpuset_mems",
          "--blkio-weight": "blkio_weight"}
 # runc's flags for what gpusandbox has no counterpart of: refused by name.
@@ -40,7 +42,7 @@ def main_update(root, rest):
     src = _one(opts, "-r") or _one(opts, "--resources")
     limits = cgroupres.Limits()
     if src is not None:
-        limits = cgroupres.from_oci(_read_resources(src), "update --resources")
+        limits = cgroupres.from_oci(_read_resources(src), "resources")
     for flag, field in FLAGS.items():
         val = _one(opts, flag)
         if val is not None:
