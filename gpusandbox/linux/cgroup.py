@@ -185,13 +185,17 @@ class CgroupHandle:
 
 # --- prepare ---------------------------------------------------------------------
 def prepare(parent=None, limits=None, device_rules=None, best_effort=False,
-            name_prefix="gpusandbox", verbose=None, *, proc="/proc", detached=False):
+            name_prefix="gpusandbox", verbose=None, *, proc="/proc", detached=False,
+            v1_all=False, v1_parent=None):
     """Create the sandbox's cgroup; see the module docstring.  Raises
     UsageError (bad limits or parent) or CgroupError; never leaves a partial
     setup behind.  detached: the leaf outlives this process (the OCI
-    runtime's `create`, whose `delete` removes it), so no reaper is forked."""
+    runtime's `create`, whose `delete` removes it), so no reaper is forked.
+    v1_all, v1_parent: the OCI runtime's v1 placement (cgroupv1.plan: a
+    leaf in every v1 hierarchy; v1_parent overrides `parent` there)."""
     h = CgroupHandle(verbose)
     h.detached = detached
+    h.v1_all, h.v1_parent = v1_all, v1_parent
     try:
         _prepare(h, parent, limits, device_rules, best_effort, name_prefix, proc)
     except BaseException:
@@ -232,7 +236,8 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
     mounts = _mounts(proc)
     cg2 = _cgroup2(mounts)
     files1, where1 = cgroupv1.plan(
-        limits, parent, proc, mounts, pure=cg2 is None, prefix=prefix,
+        limits, parent if h.v1_parent is None else h.v1_parent, proc, mounts,
+        pure=cg2 is None, prefix=prefix, v1_all=h.v1_all,
         notes=h.notes, fail=lambda err: _fail_or_note(h, best_effort, err),
         hint=f"or drop the option, or run without it ({BEST_EFFORT_OPTION})")
     if cg2 is None:
@@ -423,7 +428,7 @@ def _prepare_v1(h, mounts, parent, files, where, rules, privileged, best_effort,
         raise CgroupError("device filter: cannot be applied", why + ", nor the v1 devices controller",
                           hint="mount cgroup2 or the v1 devices hierarchy")
     own = next((p for c, p in _own_cgroups(proc).items() if "devices" in c.split(",")), "/")
-    pdir = _resolve_parent(devmount, "/", own, parent)
+    pdir = _v1_devices_parent(h, devmount, own, parent)
     clean_stale(pdir, prefix, proc, h.notes)
     leaf = os.path.join(pdir, name)
     from gpusandbox.linux import bpfdev
@@ -445,6 +450,17 @@ def _prepare_v1(h, mounts, parent, files, where, rules, privileged, best_effort,
     h.filter = "v1"
     h.note(f"device filter: cgroup v1 devices list ({len(lines)} rules)")
     _make_v1(h, name, files, where, best_effort)
+
+
+def _v1_devices_parent(h, devmount, own, parent):
+    """The devices leaf's parent: as the other v1 leaves' (h.v1_parent, the
+    first candidate that exists), else `parent` or the launcher's own."""
+    for cand in h.v1_parent or ():
+        try:
+            return _resolve_parent(devmount, "/", own, cand)
+        except UsageError:
+            continue
+    return _resolve_parent(devmount, "/", own, parent)
 
 
 # --- status (info / doctor) -----------------------------------------------------------

@@ -21,6 +21,10 @@ from . import cgfs
 from .cgfs import _mounts, _own_cgroups, _read, _resolve_parent, _rmtree, _v1_bound, clean_stale
 from .cgroupres import option
 
+# The controllers the OCI runtime makes a v1 leaf in (v1_all), in this order;
+# devices stays with the device filter (cgroup.py).
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuset", "blkio", "hugetlb")
+
 
 def hierarchies(mounts):
     """{controller: (mount point, root in the fs)} of the v1 hierarchies
@@ -36,9 +40,11 @@ def hierarchies(mounts):
 
 def parents(controllers, parent, proc="/proc", mounts=None):
     """({mount point: (parent dir, [controllers], [every controller of the
-    hierarchy])}, {controller: why}) for
-    the v1 controllers in `controllers` that are mounted; `why` says why one
-    cannot have a leaf (not mounted, the parent not writable)."""
+    hierarchy])}, {controller: why}) for the v1 controllers in `controllers`
+    that are mounted; `why` says why one cannot have a leaf (not mounted,
+    the parent not writable).  `parent`: as --cgroup-parent (None: the
+    caller's own cgroup there), or a tuple of such, the first that exists in
+    the hierarchy taken."""
     mounts = _mounts(proc) if mounts is None else mounts
     at = hierarchies(mounts)
     own = _own_cgroups(proc)
@@ -52,11 +58,16 @@ def parents(controllers, parent, proc="/proc", mounts=None):
             out[point][1].append(ctl)
             continue
         mine = next((p for c, p in own.items() if ctl in c.split(",")), None)
-        try:
-            pdir = _resolve_parent(point, root, mine, parent)
-        except (CgroupError, UsageError) as e:
-            bad[ctl] = e.line()
+        pdir = None
+        for cand in (parent if isinstance(parent, tuple) else (parent,)):
+            try:
+                pdir = _resolve_parent(point, root, mine, cand)
+                break
+            except (CgroupError, UsageError) as e:
+                bad[ctl] = e.line()
+        if pdir is None:
             continue
+        bad.pop(ctl, None)
         if not all(cgfs._writable(f) for f in (pdir, f"{pdir}/cgroup.procs")):
             bad[ctl] = f"{pdir} is not writable by uid {os.getuid()}"
             continue
@@ -64,22 +75,28 @@ def parents(controllers, parent, proc="/proc", mounts=None):
     return out, bad
 
 
-def plan(limits, parent, proc, mounts, *, pure, prefix, notes, fail, hint):
+def plan(limits, parent, proc, mounts, *, pure, prefix, notes, fail, hint, v1_all=False):
     """(v1 files, {mount point: (parent, controllers, every controller of
     the hierarchy)}) for the limits whose controller is bound to cgroup v1
     (every one on a pure v1 host, `pure`).  A needed controller without a
     leaf goes to fail(CgroupError); stale leaves under each parent are
-    swept.  Only the controllers the limits name get a leaf: `update` makes
-    the others when it needs them (cgroupupdate.py)."""
-    if limits is None:
+    swept.  v1_all: a leaf in every mounted, writable hierarchy of
+    V1_CONTROLLERS too (the OCI runtime's, as runc's and crun's: the
+    container's /sys/fs/cgroup shows them all and `update` finds them);
+    otherwise `update` makes a missing one when it needs it
+    (cgroupupdate.py)."""
+    if limits is None and not v1_all:
         return [], {}
     at = hierarchies(mounts)
     bound = _v1_bound(proc) | set(at)
-    need = [c for c in limits.controllers() if c in bound or pure]
-    if not need:
+    need = [c for c in (limits.controllers() if limits is not None else [])
+            if c in bound or pure]
+    want = list(dict.fromkeys(need + [c for c in V1_CONTROLLERS if v1_all and c in at]))
+    if not want:
         return [], {}
-    where, bad = parents(need, parent, proc, mounts)
-    files = limits.files(1)
+    where, bad = parents(want, parent, proc, mounts)
+    bad = {c: why for c, why in bad.items() if c in need}
+    files = limits.files(1) if limits is not None else []
     if bad:
         what = ", ".join(
             f"{c} ({', '.join(dict.fromkeys(option(f) for c2, f, _ in files if c2 == c))})"

@@ -76,8 +76,9 @@ class OciExtras:
                  # [(path, detached mount fd)]: the mknod entries `create` made
                  # for a container with a user namespace (linux/devnodes.premake_devices)
                  "premade",
-                 # linux.resources as linux/cgroupres.Limits (`create` applies them)
-                 "limits")
+                 # linux.resources as linux/cgroupres.Limits (`create` applies
+                 # them); linux.cgroupsPath (its v1 leaves' place)
+                 "limits", "cgroups_path")
 
 
 def read(bundle, path=None):
@@ -334,6 +335,7 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     x = OciExtras()
     from ..linux.cgroupres import from_oci
     x.limits = from_oci(_get(linux, "resources", dict, "linux", {}))
+    x.cgroups_path = _get(linux, "cgroupsPath", str, "linux")
     x.mounts, x.sys_at = [], None
     for i, e in enumerate(_get(conf, "mounts", list, "mounts", [])):
         m = _mount(i, e, bundle)

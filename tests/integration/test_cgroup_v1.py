@@ -133,7 +133,7 @@ def test_launcher_killed_leaves_no_v1_leaf(cli, rootfs, parent):
         (mine("memory"), mine("pids"))
 
 
-def _bundle(tmp, rootfs, resources, args=("sleep", "60")):
+def _bundle(tmp, rootfs, resources, args=("sleep", "60"), cgroups_path=None):
     b = Path(tmp)
     b.mkdir()
     subprocess.run([OCI, "spec", "--bundle", str(b)], check=True)
@@ -141,6 +141,8 @@ def _bundle(tmp, rootfs, resources, args=("sleep", "60")):
     conf["root"]["path"] = str(rootfs)
     conf["process"].update(args=list(args), terminal=False)
     conf["linux"]["resources"] = resources
+    if cgroups_path:
+        conf["linux"]["cgroupsPath"] = cgroups_path
     (b / "config.json").write_text(json.dumps(conf))
     return str(b)
 
@@ -167,11 +169,17 @@ def _oci(state_root, *args, stdin=None, wrap=None):
 def test_runtime_create_update_delete(cli, rootfs, parent, tmp_path):
     st = str(tmp_path / "state")
     cid = f"gsbx-v1-{uuid.uuid4().hex[:8]}"
-    b = _bundle(tmp_path / "b", rootfs, RESOURCES)
+    # cgroupsPath's parent holds the v1 leaves (runc's cgroupfs placement);
+    # the cgroup2 leaf goes under the caller's cgroup, as before.
+    b = _bundle(tmp_path / "b", rootfs, RESOURCES, cgroups_path=f"/{parent}/{cid}")
     r = _oci(st, "create", "--bundle", b, cid, wrap=lambda a: _in_parent(parent, a))
     assert r.returncode == 0, r.stderr
     try:
         assert _oci(st, "start", cid).returncode == 0
+        # Its own view: every v1 hierarchy of a limit controller this host has
+        # (limited or not: `update` may set them), cgroup2 at unified.
+        r = _oci(st, "exec", cid, "ls", "/sys/fs/cgroup")
+        assert {"memory", "pids", "cpu", "cpuset"} <= set(r.stdout.split()), r.stderr
         mem, pids, cpu = (_leaf_files(parent, c) for c in ("memory", "pids", "cpu"))
         assert (mem("memory.limit_in_bytes"), mem("memory.memsw.limit_in_bytes"),
                 mem("memory.soft_limit_in_bytes")) == (str(64 << 20), str(128 << 20),
@@ -192,10 +200,7 @@ def test_runtime_create_update_delete(cli, rootfs, parent, tmp_path):
         r = _oci(st, "exec", cid, "cat", "/sys/fs/cgroup/pids/pids.max",
                  "/sys/fs/cgroup/memory/memory.limit_in_bytes")
         assert r.stdout.split() == ["50", str(96 << 20)], r.stderr
-        # A controller the config did not limit (no leaf yet): update makes its
-        # leaf where create would have, moves the container in, and delete
-        # removes it (the fixture checks).
-        assert not [n for n in os.listdir(f"{TOP}/cpuset/{parent}") if n.startswith("gpusandbox")]
+        # A controller the config did not limit: its leaf is there already.
         r = _oci(st, "update", "--cpuset-cpus", "0", cid)
         assert r.returncode == 0, r.stderr
         cpuset = _leaf_files(parent, "cpuset")
@@ -253,7 +258,7 @@ def test_pure_v1_layout_run_and_runtime(cli, rootfs, parent, pure_v1, tmp_path):
     assert r.stdout.split() == [str(64 << 20), "20", "50000", "cpu", "memory", "pids"]
     st = str(tmp_path / "state")
     cid = f"gsbx-v1p-{uuid.uuid4().hex[:8]}"
-    b = _bundle(tmp_path / "b", rootfs, RESOURCES)
+    b = _bundle(tmp_path / "b", rootfs, RESOURCES, cgroups_path=f"/{parent}/{cid}")
     r = _oci(st, "create", "--bundle", b, cid, wrap=lambda a: pure_v1(_in_parent(parent, a)))
     assert r.returncode == 0, r.stderr
     try:
@@ -273,8 +278,8 @@ def test_pure_v1_layout_run_and_runtime(cli, rootfs, parent, pure_v1, tmp_path):
 @pytest.mark.skipif(not shutil.which("podman") or not shutil.which("conmon"),
                     reason="podman and conmon are not installed")
 def test_podman_limits_and_update(cli, rootfs, tmp_path):
-    """Root podman (cgroupfs manager: conmon sits in /libpod_parent/conmon, so
-    the leaves go there): --memory, --pids-limit, --cpus applied, `podman
+    """Root podman (cgroupfs manager: cgroupsPath /libpod_parent/libpod-ID, so
+    the v1 leaves go under /libpod_parent): --memory, --pids-limit, --cpus applied, `podman
     update` changes them, nothing left after rm.  Rootless podman refuses
     limits on cgroup v1 itself (no delegation), before any runtime runs."""
     # podman wants a runroot path of at most 50 characters.
@@ -298,7 +303,8 @@ def test_podman_limits_and_update(cli, rootfs, tmp_path):
         cid = r.stdout.strip()
         state = json.loads(Path(f"/run/gpusandbox-oci/{cid}/state.json").read_text())
         leaves = state["cgroup_v1"]
-        assert leaves and all(os.path.isdir(p) for p in leaves)
+        assert leaves and all(os.path.isdir(p) and "/libpod_parent/gpusandbox-oci-" in p
+                              for p in leaves), leaves
         show = ("cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
                 "/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
         r = podman("exec", cid, *show)
@@ -308,7 +314,7 @@ def test_podman_limits_and_update(cli, rootfs, tmp_path):
         assert r.returncode == 0, r.stderr
         r = podman("exec", cid, *show)
         assert r.stdout.split() == [str(128 << 20), "20", "25000"], r.stderr
-        # cpuset had no leaf before: update made one.
+        # cpuset was not limited at create: its leaf was made anyway.
         state = json.loads(Path(f"/run/gpusandbox-oci/{cid}/state.json").read_text())
         leaves = state["cgroup_v1"]
         cs = [p for p in leaves if p.startswith(f"{TOP}/cpuset/")]

@@ -132,7 +132,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         limits = None if x.limits.empty() else x.limits
         try:
             cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
-                                best_effort=True, name_prefix="gpusandbox-oci", detached=True)
+                                best_effort=True, name_prefix="gpusandbox-oci", detached=True,
+                                v1_all=True, v1_parent=_v1_parent(x.cgroups_path))
         except SandboxError as e:
             if host_uid() == 0:
                 raise
@@ -204,6 +205,18 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         elif cg is not None:
             cg._close()
     return 0
+
+
+def _v1_parent(path):
+    """Where the container's cgroup v1 leaves go, as runc's and crun's
+    cgroupfs placement (not under the caller's cgroups): the parent of
+    linux.cgroupsPath when that is an absolute path whose parent exists in
+    the hierarchy (podman's /libpod_parent/libpod-ID), else the hierarchy's
+    root.  The leaf keeps this runtime's own name (the stale sweep's)."""
+    cands = []
+    if path and path.startswith("/") and ":" not in path:
+        cands.append(os.path.dirname(path.rstrip("/")) or "/")
+    return tuple(dict.fromkeys(cands + ["/"]))
 
 
 def _remove_dir(d):
