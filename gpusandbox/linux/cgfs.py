@@ -4,8 +4,8 @@ Everything here reads the host through a proc root (`proc`, default /proc)
 and paths under the cgroup mount, so tests point it at a fake tree: the
 cgroup2 mount and any v1 controllers from <proc>/self/mountinfo, the
 launcher's own cgroup, delegation, capabilities, and the leaves a launcher
-killed with SIGKILL left behind.  Limit options are parsed here too (docker's
-forms: bytes with k/m/g/t or 'max'; pids; cpus)."""
+killed with SIGKILL left behind.  Limits and their interface files are
+cgroupres.py's."""
 import errno
 import os
 
@@ -13,89 +13,9 @@ from gpusandbox.errors import CgroupError, UsageError
 from gpusandbox.linux import host
 from gpusandbox.linux.sys import read_file
 
-_PERIOD = 100000
+from .cgroupres import Limits, _size  # noqa: F401 - re-exported (cgroup.py, hpc/pod.py)
+
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN, _CAP_BPF = 12, 21, 39
-
-# --- limits ------------------------------------------------------------------
-class Limits:
-    """Raw option strings; files() validates them (UsageError) and returns
-    [(controller, file, value)] to write into the leaf."""
-    __slots__ = ("memory", "memory_swap", "pids", "cpus")
-
-    def __init__(self, memory=None, memory_swap=None, pids=None, cpus=None):
-        self.memory, self.memory_swap, self.pids, self.cpus = memory, memory_swap, pids, cpus
-
-    def files(self):
-        out = []
-        mem = _size("--memory", self.memory) if self.memory is not None else None
-        if mem is not None:
-            if mem != "max" and mem < 6 << 20:
-                raise UsageError(f"--memory {self.memory}: below the 6 MiB minimum",
-                                 hint="give at least 6m; a smaller limit OOM-kills the command at start")
-            out.append(("memory", "memory.max", str(mem)))
-        if self.memory_swap is not None:
-            total = _size("--memory-swap", self.memory_swap)
-            if total == "max":
-                swap = "max"
-            elif mem is None or mem == "max":
-                raise UsageError(f"--memory-swap {self.memory_swap}: needs --memory",
-                                 hint="--memory-swap is memory plus swap together; set --memory too")
-            elif total < mem:
-                raise UsageError(
-                    f"--memory-swap {self.memory_swap}: smaller than --memory {self.memory}",
-                    hint="--memory-swap counts memory plus swap; equal to --memory means no swap")
-            else:
-                swap = total - mem
-            out.append(("memory", "memory.swap.max", str(swap)))
-        if self.pids is not None:
-            out.append(("pids", "pids.max", _pids(self.pids)))
-        if self.cpus is not None:
-            out.append(("cpu", "cpu.max", _cpus(self.cpus)))
-        return out
-
-
-def _size(opt, text):
-    t = str(text).strip().lower()
-    if t in ("max", "-1"):
-        return "max"
-    for tail in ("ib", "b"):
-        if t.endswith(tail) and len(t) > len(tail):
-            t = t[:-len(tail)]
-            break
-    mult = 1
-    if t and t[-1] in "kmgt":
-        mult = 1 << (10 * ("kmgt".index(t[-1]) + 1))
-        t = t[:-1]
-    try:
-        val = float(t)
-    except ValueError:
-        val = -1.0
-    if not t or val != val or val <= 0 or val == float("inf"):
-        raise UsageError(f"{opt} {text}: not a size",
-                         hint="give bytes or a number with k, m, g or t (512m, 2g), or 'max'")
-    return int(val * mult)
-
-
-def _pids(text):
-    t = str(text).strip().lower()
-    if t in ("max", "-1"):
-        return "max"
-    if not t.isdigit() or int(t) < 1:
-        raise UsageError(f"--pids-limit {text}: not a positive number",
-                         hint="give the most processes the sandbox may hold (e.g. 256), or 'max'")
-    return t
-
-
-def _cpus(text):
-    try:
-        val = float(str(text).strip())
-    except ValueError:
-        val = -1.0
-    ncpu = os.cpu_count() or 1
-    if not 0.01 <= val <= ncpu:   # the kernel's smallest quota is 1 ms per period
-        raise UsageError(f"--cpus {text}: out of range",
-                         hint=f"give a number of CPUs from 0.01 to {ncpu} (e.g. 1.5)")
-    return f"{round(val * _PERIOD)} {_PERIOD}"
 
 
 # --- host facts ----------------------------------------------------------------

@@ -34,16 +34,15 @@ import os
 
 from gpusandbox.errors import CgroupError, UsageError
 
-from .cgfs import (  # noqa: F401 - Limits and clean_stale are part of this module's API
-    Limits, _write, _mounts, _cgroup2, _v1_mounts,
+from . import cgroupv1
+from .cgfs import (  # noqa: F401 - clean_stale is part of this module's API
+    _write, _mounts, _cgroup2, _v1_mounts,
     _v1_bound, _own_cgroups, _privileged, _writable, _mkdir,
     _words, _resolve_parent, clean_stale, _rmtree)
+from .cgroupres import Limits, option  # noqa: F401 - Limits: this module's API
 
 BEST_EFFORT_OPTION = "--best-effort-limits"
 KILL_WAIT = 2.0      # seconds teardown waits for killed processes to leave
-# The launcher's option behind each interface file, for messages.
-OPTION = {"memory.max": "--memory", "memory.swap.max": "--memory-swap",
-          "pids.max": "--pids-limit", "cpu.max": "--cpus"}
 
 
 # --- the handle ------------------------------------------------------------------
@@ -58,6 +57,9 @@ class CgroupHandle:
         self.filter = None       # 'bpf' | 'v1' | None
         self.prog_id = None
         self.version = None      # 2 or 1 when a leaf exists
+        self.v1 = []             # cgroup v1 leaves of the limits (cgroupv1.py)
+        self.v1_at = {}          # {v1 controller: its leaf}
+        self.v1_view = []        # [(directory name, controllers)] of their hierarchies
         self._fd = -1            # O_RDONLY fd of the leaf: bpf() refuses O_PATH fds
         self._prog_fd = -1
         self._reaper = -1        # write end of the reaper's pipe (reaper.py)
@@ -77,16 +79,45 @@ class CgroupHandle:
         from the image (all are O_CLOEXEC; this matters only before execve)."""
         return [fd for fd in (self.dirfd, self._fd, self._prog_fd, self._reaper) if fd >= 0]
 
+    @property
+    def needs_join(self):
+        """Whether the launcher must join() the init by pid: v1 leaves, or
+        no dirfd for clone3(CLONE_INTO_CGROUP)."""
+        return bool(self.v1) or bool(self.dirfd < 0 and self.path)
+
+    def view(self):
+        """What the sandbox's /sys/fs/cgroup shows (plan.own_cgroup, for
+        stages/sysmounts.py): False (none of its own), True (its cgroup2
+        leaf), or [(name, controllers)] of its v1 hierarchies, with
+        ("unified", None) for its cgroup2 leaf beside them (hybrid)."""
+        if not self.v1_view:
+            return self.version == 2 and self.dirfd >= 0
+        view = list(self.v1_view)
+        if self.version == 2 and self.dirfd >= 0:
+            view.append(("unified", None))
+        return view
+
+    @classmethod
+    def restore(cls, path, version, v1=()):
+        """The handle of a leaf another process made (the OCI runtime's
+        `delete`), for teardown()."""
+        h = cls()
+        h.path, h.version, h.v1 = path, version or 2, list(v1 or ())
+        return h
+
     def join(self, pid):
-        """Move pid into the leaf (for the v1 fallback, where dirfd is -1,
-        or a clone without CLONE_INTO_CGROUP)."""
-        if self.path is None:
-            return
-        try:
-            _write(f"{self.path}/cgroup.procs", str(pid))
-        except OSError as e:
-            raise CgroupError(f"cgroup: cannot move pid {pid} into {self.path}", e.strerror,
-                              hint="the cgroup must be writable by the launcher") from None
+        """Move pid into the leaves it cannot be cloned into: the v1 ones,
+        and the main leaf for the v1 fallback (dirfd -1) or a clone without
+        CLONE_INTO_CGROUP."""
+        leaves = list(self.v1)
+        if self.path is not None and (self.dirfd < 0 or not self.v1):
+            leaves.insert(0, self.path)
+        for leaf in leaves:
+            try:
+                _write(f"{leaf}/cgroup.procs", str(pid))
+            except OSError as e:
+                raise CgroupError(f"cgroup: cannot move pid {pid} into {leaf}", e.strerror,
+                                  hint="the cgroup must be writable by the launcher") from None
 
     def _kill_all(self, wait):
         """SIGKILL everything in the leaf; True once it is empty."""
@@ -112,13 +143,17 @@ class CgroupHandle:
                 self.note(f"cgroup: teardown could not empty {self.path}: {e}")
             if not emptied:
                 self.note(f"cgroup: {self.path} still has processes; left for a later cleanup")
-        removed = [self.path is None]
+        # What is left to remove; each remove step takes its part off.
+        left = {"main": self.path is not None, "v1": bool(self.v1)}
         steps = []
         if self._attached and emptied:
             steps.append(("detach", self._detach))
         steps.append(("close", self._close))
         if self.path is not None and emptied:
-            steps.append(("remove", lambda: removed.append(_rmtree(self.path) or True)))
+            steps.append(("remove", lambda: left.update(main=bool(_rmtree(self.path)))))
+        if self.v1 and emptied:
+            steps.append(("remove the v1 leaves of",
+                          lambda: left.update(v1=bool(cgroupv1.remove(self.v1)))))
         for what, fn in steps:
             try:
                 fn()
@@ -128,7 +163,7 @@ class CgroupHandle:
             # Last: the reaper stands by until the leaf is gone or we are.
             from gpusandbox.linux import reaper
             fd, self._reaper = self._reaper, -1
-            reaper.finish(fd, self._reaper_pid, any(removed))
+            reaper.finish(fd, self._reaper_pid, not any(left.values()))
 
     def _detach(self):
         from gpusandbox.linux import bpfdev
@@ -151,13 +186,17 @@ class CgroupHandle:
 
 # --- prepare ---------------------------------------------------------------------
 def prepare(parent=None, limits=None, device_rules=None, best_effort=False,
-            name_prefix="gpusandbox", verbose=None, *, proc="/proc", detached=False):
+            name_prefix="gpusandbox", verbose=None, *, proc="/proc", detached=False,
+            v1_all=False, v1_parent=None):
     """Create the sandbox's cgroup; see the module docstring.  Raises
     UsageError (bad limits or parent) or CgroupError; never leaves a partial
     setup behind.  detached: the leaf outlives this process (the OCI
-    runtime's `create`, whose `delete` removes it), so no reaper is forked."""
+    runtime's `create`, whose `delete` removes it), so no reaper is forked.
+    v1_all, v1_parent: the OCI runtime's v1 placement (cgroupv1.plan: a
+    leaf in every v1 hierarchy; v1_parent overrides `parent` there)."""
     h = CgroupHandle(verbose)
     h.detached = detached
+    h.v1_all, h.v1_parent = v1_all, v1_parent
     try:
         _prepare(h, parent, limits, device_rules, best_effort, name_prefix, proc)
     except BaseException:
@@ -166,12 +205,12 @@ def prepare(parent=None, limits=None, device_rules=None, best_effort=False,
     return h
 
 
-def _start_reaper(h, leaf, version):
-    """Before the leaf exists, so no moment leaves it without a remover."""
+def _start_reaper(h, leaf, version, v1=()):
+    """Before the leaves exist, so no moment leaves one without a remover."""
     if getattr(h, "detached", False):
         return
     from gpusandbox.linux import reaper
-    h._reaper, h._reaper_pid = reaper.start(leaf, version)
+    h._reaper, h._reaper_pid = reaper.start(leaf, version, v1)
 
 
 def _fail_or_note(h, best_effort, err):
@@ -189,13 +228,25 @@ def _rootless_filter_note(h):
     h.note(f"device filter: not applied (rootless: {why})")
 
 
+def _make_v1(h, name, files, where, best_effort):
+    cgroupv1.make(h, name, where, files, lambda err: _fail_or_note(h, best_effort, err))
+
+
 def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
-    files = limits.files() if limits is not None else []
     privileged = _privileged(proc)
     mounts = _mounts(proc)
     cg2 = _cgroup2(mounts)
+    files1, where1 = cgroupv1.plan(
+        limits, parent if h.v1_parent is None else h.v1_parent, proc, mounts,
+        pure=cg2 is None, prefix=prefix, v1_all=h.v1_all,
+        notes=h.notes, fail=lambda err: _fail_or_note(h, best_effort, err),
+        hint=f"or drop the option, or run without it ({BEST_EFFORT_OPTION})")
     if cg2 is None:
-        return _prepare_v1(h, mounts, parent, files, rules, privileged, best_effort, prefix, proc)
+        return _prepare_v1(h, mounts, parent, files1, where1, rules, privileged, best_effort,
+                           prefix, proc)
+    v1_ctls = _v1_bound(proc) | set(_v1_mounts(mounts))
+    files = [f for f in (limits.files(2) if limits is not None else [])
+             if (f[0] if f[0] != "io" else "blkio") not in v1_ctls]
     mount, mount_root = cg2
     pdir = _resolve_parent(mount, mount_root, _own_cgroups(proc).get(""), parent)
     missing = [f for f in (pdir, f"{pdir}/cgroup.procs", f"{pdir}/cgroup.subtree_control")
@@ -204,7 +255,7 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
         why = f"{', '.join(missing)} not writable by uid {os.getuid()}"
         if files:
             _fail_or_note(h, best_effort, CgroupError(
-                f"cgroup: cannot create a cgroup for {', '.join(OPTION[f] for _, f, _ in files)}",
+                f"cgroup: cannot create a cgroup for {', '.join(option(f) for _, f, _ in files)}",
                 why, hint="run inside a delegated cgroup (systemd-run --user --scope -p Delegate=yes), "
                           f"pass --cgroup-parent naming one, or run without limits ({BEST_EFFORT_OPTION})"))
         h.note(f"cgroup: none ({why})")
@@ -216,8 +267,9 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
         return
     clean_stale(pdir, prefix, proc, h.notes)
     files = _usable(h, files, pdir, mount, proc, mounts, best_effort)
-    leaf = os.path.join(pdir, f"{prefix}-{os.getpid()}-{os.urandom(4).hex()}")
-    _start_reaper(h, leaf, 2)
+    name = f"{prefix}-{os.getpid()}-{os.urandom(4).hex()}"
+    leaf = os.path.join(pdir, name)
+    _start_reaper(h, leaf, 2, [os.path.join(p, name) for p, *_ in where1.values()])
     _mkdir(leaf)
     h.path, h.version = leaf, 2
     h.note(f"cgroup: {leaf}")
@@ -232,8 +284,9 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
             if e.errno == errno.ENOENT and name == "memory.swap.max":
                 why = "swap accounting is off (kernel built without it, or swapaccount=0)"
             _fail_or_note(h, best_effort, CgroupError(
-                f"cgroup: cannot set {OPTION[name]} ({name} = {value}) in {leaf}", why,
+                f"cgroup: cannot set {option(name)} ({name} = {value}) in {leaf}", why,
                 hint=f"drop the option, or run without it ({BEST_EFFORT_OPTION})"))
+    _make_v1(h, name, files1, where1, best_effort)
     if privileged:
         _attach_bpf(h, pdir, rules)
     else:
@@ -278,7 +331,7 @@ def _usable(h, files, pdir, mount, proc, mounts, best_effort):
                 bad[ctl] = (f"cannot be enabled in {pdir}: {why}",
                             "pass --cgroup-parent naming a cgroup with the controller enabled")
     if bad:
-        what = ", ".join(f"{c} ({', '.join(OPTION[f] for c2, f, _ in files if c2 == c)})"
+        what = ", ".join(f"{c} ({', '.join(dict.fromkeys(option(f) for c2, f, _ in files if c2 == c))})"
                          for c in bad)
         hints = "; ".join(dict.fromkeys(hint for _, hint in bad.values()))
         _fail_or_note(h, best_effort, CgroupError(
@@ -353,15 +406,22 @@ def _attach_bpf(h, pdir, rules):
     h.note(f"device filter: BPF program id {h.prog_id} attached ({len(insns)} insns)")
 
 
-def _prepare_v1(h, mounts, parent, files, rules, privileged, best_effort, prefix, proc):
-    """No cgroup2 mount: limits cannot be set; root gets the v1 devices list."""
+def _prepare_v1(h, mounts, parent, files, where, rules, privileged, best_effort, prefix, proc):
+    """No cgroup2 mount: the limits go to v1 leaves (_v1_plan); root gets
+    the v1 devices list."""
     why = "no cgroup2 filesystem is mounted (no line of type cgroup2 in /proc/self/mountinfo)"
-    if files:
-        _fail_or_note(h, best_effort, CgroupError(
-            "cgroup: resource limits need cgroup v2", why,
-            hint="mount cgroup2 (boot with systemd.unified_cgroup_hierarchy=1), or drop the limits"))
+    name = f"{prefix}-{os.getpid()}-{os.urandom(4).hex()}"
+    extra = [os.path.join(p, name) for p, *_ in where.values()]
     if not privileged:
-        h.note(f"cgroup: none ({why})")
+        if extra:
+            # The first v1 leaf is the one kill and teardown go through.
+            _start_reaper(h, extra[0], 1, extra[1:])
+            _make_v1(h, name, files, where, best_effort)
+            h.path, h.version = h.v1.pop(0), 1
+            h.v1_view = []      # a rootless v1 mount in the sandbox is refused anyway
+            h.v1_at = {c: p for c, p in h.v1_at.items() if p != h.path}
+        else:
+            h.note(f"cgroup: none ({why})")
         _rootless_filter_note(h)
         return
     devmount = _v1_mounts(mounts).get("devices")
@@ -369,15 +429,15 @@ def _prepare_v1(h, mounts, parent, files, rules, privileged, best_effort, prefix
         raise CgroupError("device filter: cannot be applied", why + ", nor the v1 devices controller",
                           hint="mount cgroup2 or the v1 devices hierarchy")
     own = next((p for c, p in _own_cgroups(proc).items() if "devices" in c.split(",")), "/")
-    pdir = _resolve_parent(devmount, "/", own, parent)
+    pdir = _v1_devices_parent(h, devmount, own, parent)
     clean_stale(pdir, prefix, proc, h.notes)
-    leaf = os.path.join(pdir, f"{prefix}-{os.getpid()}-{os.urandom(4).hex()}")
+    leaf = os.path.join(pdir, name)
     from gpusandbox.linux import bpfdev
     try:
         lines = bpfdev.v1_lines(list(bpfdev.DEFAULT_RULES) + list(rules or ()))
     except ValueError as e:
         raise CgroupError("device filter: bad device rule", str(e)) from None
-    _start_reaper(h, leaf, 1)
+    _start_reaper(h, leaf, 1, extra)
     _mkdir(leaf)
     h.path, h.version = leaf, 1
     h.note(f"cgroup: {leaf} (cgroup v1 devices; {why})")
@@ -390,6 +450,18 @@ def _prepare_v1(h, mounts, parent, files, rules, privileged, best_effort, prefix
                           hint="the parent devices cgroup must allow these devices") from None
     h.filter = "v1"
     h.note(f"device filter: cgroup v1 devices list ({len(lines)} rules)")
+    _make_v1(h, name, files, where, best_effort)
+
+
+def _v1_devices_parent(h, devmount, own, parent):
+    """The devices leaf's parent: as the other v1 leaves' (h.v1_parent, the
+    first candidate that exists), else `parent` or the launcher's own."""
+    for cand in h.v1_parent or ():
+        try:
+            return _resolve_parent(devmount, "/", own, cand)
+        except UsageError:
+            continue
+    return _resolve_parent(devmount, "/", own, parent)
 
 
 # --- status (info / doctor) -----------------------------------------------------------

@@ -41,8 +41,9 @@ DONE = b"D"
 WAIT = 600.0     # seconds the leaf's last members may take to leave after the kill
 
 
-def start(leaf, version):
-    """Fork the reaper for `leaf` (not yet created; v2 or v1 devices); returns
+def start(leaf, version, v1=()):
+    """Fork the reaper for `leaf` (not yet created; v2 or v1 devices) and the
+    cgroup v1 leaves `v1` of its limits (cgroupv1.py); returns
     (the pipe's write end, for the launcher to keep until its teardown ends;
     the reaper's pid)."""
     r, w = os.pipe2(os.O_CLOEXEC)
@@ -51,7 +52,7 @@ def start(leaf, version):
         os.close(r)
         return w, pid
     try:
-        _run(r, leaf, version)
+        _run(r, leaf, version, v1)
     finally:
         os._exit(0)
 
@@ -74,7 +75,7 @@ def finish(fd, pid, removed):
             pass
 
 
-def _run(r, leaf, version):
+def _run(r, leaf, version, v1):
     # stdio first: nothing the reaper might print may reach the caller.
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
@@ -104,4 +105,9 @@ def _run(r, leaf, version):
             continue
     if said == DONE:
         return
-    cgempty.remove(leaf, version, WAIT)
+    if cgempty.remove(leaf, version, WAIT):
+        from . import cgroupv1
+        try:
+            cgroupv1.remove(v1)
+        except OSError:
+            pass

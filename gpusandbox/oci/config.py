@@ -32,8 +32,10 @@ MAX_CONFIG = 4 << 20
 
 class OciExtras:
     """What a created container's life adds to a plan (plan.oci): the exec
-    fifo `start` opens, the namespaces `create` joined, the annotations."""
-    __slots__ = ("fifo", "annotations", "ns_join")
+    fifo `start` opens, the namespaces `create` joined, the annotations,
+    linux.resources as linux/cgroupres.Limits (`create` applies them) and
+    linux.cgroupsPath (its v1 leaves' place)."""
+    __slots__ = ("fifo", "annotations", "ns_join", "limits", "cgroups_path")
 
 
 def read(bundle, path=None):
@@ -216,6 +218,9 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     x.fifo = fifo
     x.annotations = _get(conf, "annotations", dict, "annotations", {})
     x.ns_join = join
+    from ..linux.cgroupres import from_oci
+    x.limits = from_oci(_get(linux, "resources", dict, "linux", {}))
+    x.cgroups_path = _get(linux, "cgroupsPath", str, "linux")
     sysctl = []
     for key, val in _get(linux, "sysctl", dict, "linux", {}).items():
         if not all(w and w.replace("_", "").replace("-", "").isalnum() for w in key.split(".")) \

@@ -76,7 +76,7 @@ def launch(spec):
     if plan.spec.net == "none":
         from ..linux import net  # noqa: F401 - init brings loopback up: loaded before the clone
     cg = _cgroup(plan, spec)
-    plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
+    plan.own_cgroup = cg.view()
     if not spec.verbose:
         for w in cg.warnings:
             _say(f"warning: {w}")
@@ -89,7 +89,7 @@ def launch(spec):
     child = None
     try:
         channel.pause_point(plan, "after-cgroup")
-        v1_join = bool(cg.dirfd < 0 and cg.path)
+        v1_join = cg.needs_join
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join \
             or spec.pause_at == "after-clone"
         # `run` built its plan with the collector off (cli.run_and_exit): what

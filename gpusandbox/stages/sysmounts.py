@@ -109,10 +109,10 @@ def sysfs(plan, rootfd, src, fresh=False, kern=KERNEL):
                          | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
         kern.attach(empty, target, f"covering {path}")
     if plan.own_cgroup:
-        _cgroup_view(rootfd, kern)
+        _cgroup_view(rootfd, plan.own_cgroup, kern)
 
 
-def _cgroup_view(rootfd, kern=KERNEL):
+def _cgroup_view(rootfd, view=True, kern=KERNEL):
     """/sys/fs/cgroup: a fresh cgroup2 mount, read-only.  It is made inside the
     sandbox's cgroup namespace, whose root is the sandbox's own leaf, so it
     shows that leaf and nothing above it (cgroup_namespaces(7)); hybrid hosts
@@ -124,6 +124,8 @@ def _cgroup_view(rootfd, kern=KERNEL):
     # The namespace root is the cgroup this process was in at clone time; a
     # new namespace here pins it to the leaf whatever clone3 did first.
     kern.unshare(k.CLONE_NEWCGROUP)
+    if view is not True:
+        return _cgroup_v1_view(rootfd, view, kern)
     try:
         fd = kern.new_fs("cgroup2", (), k.MOUNT_ATTR_RDONLY | k.MOUNT_ATTR_NOSUID
                       | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
@@ -131,6 +133,31 @@ def _cgroup_view(rootfd, kern=KERNEL):
         return
     kern.attach(fd, kern.open_target(rootfd, "/sys/fs/cgroup", create=False, strict=True),
              "mounting the sandbox's cgroup at /sys/fs/cgroup")
+
+
+def _cgroup_v1_view(rootfd, view, kern=KERNEL):
+    """The v1 layout (linux/cgroupv1.py's leaves): a tmpfs at /sys/fs/cgroup
+    with a fresh read-only mount of each hierarchy the sandbox has a leaf
+    in (the namespace root is that leaf), and of cgroup2 at unified beside
+    them on a hybrid host; the tmpfs is made read-only last.  A hierarchy the
+    kernel refuses to mount here (a user namespace) is left out."""
+    ro = k.MOUNT_ATTR_RDONLY | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC
+    top = kern.new_fs("tmpfs", ("size=4k", "mode=0755"), ro & ~k.MOUNT_ATTR_RDONLY)
+    kern.attach(top, kern.open_target(rootfd, "/sys/fs/cgroup", create=False, strict=True),
+                "mounting a tmpfs at /sys/fs/cgroup")
+    for name, ctls in view:
+        try:
+            fd = (kern.new_fs("cgroup2", (), ro) if ctls is None
+                  else kern.new_fs("cgroup", ctls, ro))
+        except OSError:
+            continue
+        kern.attach(fd, kern.open_target(rootfd, f"/sys/fs/cgroup/{name}", strict=True),
+                    f"mounting the sandbox's cgroup at /sys/fs/cgroup/{name}")
+    fd = kern.open_target(rootfd, "/sys/fs/cgroup", create=False, strict=True)
+    try:
+        kern.restrict(fd, ro=True, noexec=True, recursive=False)
+    finally:
+        os.close(fd)
 
 
 def mask(rootfd, plan, kern=KERNEL):

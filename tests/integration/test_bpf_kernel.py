@@ -312,14 +312,30 @@ def test_stale_leaves_are_cleaned_by_the_next_prepare():
                     time.sleep(0.01)
 
 
-def test_limits_on_this_host_name_the_controller():
+def test_limits_on_this_host_go_to_v1_leaves():
+    """A controller bound to cgroup v1 gets a v1 leaf (under a parent of the
+    test's, never the cgroups the test runner sits in); the leaf goes with
+    teardown."""
     bound = cgroup._v1_bound("/proc")
-    if "memory" not in bound:
-        pytest.skip("the memory controller is not bound to cgroup v1 here")
-    with pytest.raises(CgroupError) as e:
-        cgroup.prepare(limits=cgroup.Limits(memory="512m"), name_prefix=PREFIX)
-    assert "memory (--memory)" in e.value.what and "bound to cgroup v1" in e.value.why
-    assert [n for n in os.listdir(MOUNT) if n.startswith(f"{PREFIX}-{os.getpid()}-")] == []
+    if "memory" not in bound or not os.path.isdir("/sys/fs/cgroup/memory"):
+        pytest.skip("the memory controller is not bound to cgroup v1 at /sys/fs/cgroup/memory")
+    name = f"{PREFIX}-parent-{os.getpid()}"
+    made = [os.path.join(d, name) for d in (MOUNT, "/sys/fs/cgroup/memory")]
+    for d in made:
+        os.mkdir(d)
+    try:
+        h = cgroup.prepare(parent=f"/{name}", limits=cgroup.Limits(memory="512m"),
+                           name_prefix=PREFIX)
+        try:
+            assert h.v1 == [f"/sys/fs/cgroup/memory/{name}/{os.path.basename(h.path)}"]
+            with open(f"{h.v1[0]}/memory.limit_in_bytes") as f:
+                assert f.read().strip() == str(512 << 20)
+        finally:
+            h.teardown()
+        assert not [n for d in made for n in os.listdir(d) if n.startswith(PREFIX)]
+    finally:
+        for d in made:
+            os.rmdir(d)
 
 
 _ROOTLESS = """

@@ -41,6 +41,10 @@ class Fake:
             if str(path) in self.unwritable:
                 raise PermissionError(13, "Permission denied")
             self.writes.append((str(path), text))
+            if str(path).endswith("/cgroup.procs"):    # the kernel adds the pid
+                with open(path, "a") as f:
+                    f.write(f"{text}\n")
+                return
             real_write(path, text)
             if str(path).endswith("cgroup.subtree_control"):   # the kernel accumulates +ctl
                 p = str(path)
@@ -100,12 +104,31 @@ class Fake:
             for f in ("cgroup.procs", "devices.deny", "devices.allow"):
                 open(os.path.join(path, f), "w").close()
             return
+        if str(path).startswith(str(self.v1) + "/"):   # another v1 hierarchy
+            self.v1dir(type(self.cg)(path))
+            return
         enabled = open(os.path.join(parent, "cgroup.subtree_control")).read().split()
         p = self.cgdir(type(self.cg)(path), controllers=" ".join(enabled))
         files = {"memory": ["memory.max", "memory.swap.max"], "pids": ["pids.max"], "cpu": ["cpu.max"]}
         for ctl in enabled:
             for f in files.get(ctl, []):
                 (p / f).write_text("")
+
+    def v1dir(self, path):
+        """A v1 cgroup of the hierarchy named by its mount (self.v1/<ctl>)."""
+        ctl = path.relative_to(self.v1).parts[0]
+        path.mkdir(parents=True, exist_ok=True)
+        files = {"memory": ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes",
+                            "memory.soft_limit_in_bytes"],
+                 "pids": ["pids.max"], "cpu": ["cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.shares"],
+                 "cpuset": ["cpuset.cpus", "cpuset.mems"]}
+        for f in ["cgroup.procs"] + files.get(ctl, []):
+            if not (path / f).exists():
+                (path / f).write_text("")
+        if path.parent == self.v1 and ctl == "cpuset":
+            (path / "cpuset.cpus").write_text("0-3\n")
+            (path / "cpuset.mems").write_text("0\n")
+        return path
 
     def leaves(self, under=None):
         return sorted(n for n in os.listdir(under or self.cg) if n.startswith("gpusandbox-"))
@@ -115,7 +138,7 @@ class Fake:
 def fake(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     # No reaper process for a fake tree (the integration tests cover it).
-    monkeypatch.setattr(cgroup, "_start_reaper", lambda h, leaf, version: None)
+    monkeypatch.setattr(cgroup, "_start_reaper", lambda h, leaf, version, v1=(): None)
     return Fake(tmp_path, monkeypatch)
 
 
@@ -223,19 +246,71 @@ def test_join_writes_cgroup_procs(fake):
 
 
 # --- controllers -------------------------------------------------------------------------
-def test_v1_bound_controllers_are_named(fake):
+def test_v1_bound_controllers_get_v1_leaves(fake):
     (fake.proc / "cgroups").write_text("#h\nmemory\t4\t1\t1\npids\t8\t1\t1\ncpu\t1\t1\t1\n")
     fake.set_proc(v1=("memory", "pids", "cpu"))
+    # The hierarchies are mounted but the launcher cannot make a leaf there.
     with pytest.raises(CgroupError) as e:
         prepare(fake, limits=Limits(memory="1g", cpus="1"))
     err = e.value
-    assert err.what == "cgroup: controller not available for the limits: memory (--memory), cpu (--cpus)"
-    assert f"memory: bound to cgroup v1 (mounted at {fake.v1 / 'memory'})" in err.why
-    assert f"the cgroup2 hierarchy at {fake.cg} cannot use it" in err.why
-    assert "unified_cgroup_hierarchy=1" in err.hint and fake.leaves() == []
+    assert err.what == "cgroup: no cgroup v1 leaf for the limits: memory (--memory), cpu (--cpus)"
+    assert f"memory: --cgroup-parent /: no such cgroup ({fake.v1 / 'memory'})" in err.why
+    assert "--cgroup-parent" in err.hint and fake.leaves() == []
     h = prepare(fake, limits=Limits(memory="1g", pids="5"), best_effort=True)
-    assert "bound to cgroup v1" in h.notes[0] and h.path and not os.path.exists(f"{h.path}/memory.max")
+    assert "no cgroup v1 leaf" in h.warnings[0] and h.path and h.v1 == []
     h.teardown()
+    # With the hierarchies there: one v1 leaf each, named as the v2 leaf, the
+    # v1 files written; the cgroup2 leaf gets none of them.
+    for c in ("memory", "pids", "cpu"):
+        fake.v1dir(fake.v1 / c)
+    h = prepare(fake, limits=Limits(memory="1g", memory_swap="2g", pids="5", cpus="1.5"))
+    name = os.path.basename(h.path)
+    assert h.v1 == [str(fake.v1 / c / name) for c in ("memory", "pids", "cpu")]
+    assert h.needs_join and h.dirfd >= 0
+    read = lambda c, f: open(fake.v1 / c / name / f).read()
+    assert read("memory", "memory.limit_in_bytes") == str(1 << 30)
+    assert read("memory", "memory.memsw.limit_in_bytes") == str(2 << 30)
+    assert read("pids", "pids.max") == "5"
+    assert (read("cpu", "cpu.cfs_period_us"), read("cpu", "cpu.cfs_quota_us")) == ("100000", "150000")
+    assert not any(w[0].startswith(str(fake.cg)) and "memory" in w[0] for w in fake.writes)
+    h.join(4242)
+    assert all(open(f"{p}/cgroup.procs").read() == "4242\n" for p in h.v1)
+    h.teardown()
+    assert all(not os.path.exists(p) for p in h.v1) and not os.path.exists(h.path)
+
+
+def test_update_makes_a_missing_v1_leaf_and_moves_the_members(fake):
+    fake.set_proc(v1=("memory", "cpuset"))
+    for c in ("memory", "cpuset"):
+        fake.v1dir(fake.v1 / c)
+    (fake.v1 / "cpuset" / "box").mkdir()
+    fake.v1dir(fake.v1 / "cpuset" / "box")
+    h = prepare(fake, limits=Limits(memory="1g"))
+    name = os.path.basename(h.path)
+    assert h.v1 == [str(fake.v1 / "memory" / name)]
+    open(f"{h.path}/cgroup.procs", "w").write("4242\n4243\n")
+    # The init never joined a cpuset leaf: it still sits where `create` was.
+    (fake.proc / "4242").mkdir()
+    (fake.proc / "4242" / "cgroup").write_text(f"2:cpuset:/box\n1:memory:/{name}\n0::/{name}\n")
+    from gpusandbox.linux import cgroupupdate
+    fake.mp.setattr(cgroupupdate, "_write", cgfs._write)
+    recorded = []
+    cgroupupdate.update(h.path, 2, h.v1, Limits(memory="64m", cpuset_cpus="1"),
+                        proc=str(fake.proc), pid=4242, record=recorded.append)
+    new = str(fake.v1 / "cpuset" / "box" / name)
+    assert recorded == [new]
+    assert (str(fake.v1 / "memory" / name / "memory.limit_in_bytes"), str(64 << 20)) in fake.writes
+    assert (f"{new}/cpuset.cpus", "1") in fake.writes
+    # A new v1 cpuset cgroup is empty until given its nearest ancestor's cpus and mems.
+    assert (f"{new}/cpuset.mems", "0") in fake.writes
+    assert {(f"{new}/cgroup.procs", p) for p in ("4242", "4243")} <= set(fake.writes)
+    with pytest.raises(CgroupError) as e:   # pids: neither a v1 leaf nor enabled in cgroup2
+        cgroupupdate.update(h.path, 2, h.v1, Limits(pids="7"), proc=str(fake.proc))
+    assert e.value.what.startswith("update: cannot set --pids-limit (pids.max = 7)")
+    assert "not enabled" in e.value.why
+    h.v1 += recorded
+    h.teardown()
+    assert all(not os.path.exists(p) for p in h.v1)
 
 
 def test_no_internal_processes_rule(fake):
@@ -389,9 +464,24 @@ def test_no_cgroup2_limits_and_rootless(fake):
     fake.set_proc()
     with pytest.raises(CgroupError) as e:
         prepare(fake, limits=Limits(pids="5"))
-    assert "need cgroup v2" in e.value.what and "no cgroup2 filesystem" in e.value.why
+    assert "no cgroup v1 leaf" in e.value.what and "pids: no cgroup v1 hierarchy" in e.value.why
     h = prepare(fake)
     assert h.path is None and "no cgroup2" in h.notes[0] and "rootless" in h.notes[1]
+
+
+def test_pure_v1_limits_go_to_v1_leaves(fake):
+    fake.mounts = []
+    fake.set_proc(v1=("pids", "memory"))
+    for c in ("pids", "memory"):
+        fake.v1dir(fake.v1 / c)
+    h = prepare(fake, limits=Limits(pids="5", memory="1g"))
+    name = os.path.basename(h.path)
+    # Rootless: no devices leaf; the first v1 leaf is the one teardown kills through.
+    assert (h.path, h.version, h.v1) == (str(fake.v1 / "memory" / name), 1,
+                                        [str(fake.v1 / "pids" / name)])
+    assert open(fake.v1 / "pids" / name / "pids.max").read() == "5" and h.needs_join
+    h.teardown()
+    assert fake.leaves(fake.v1 / "pids") == [] and fake.leaves(fake.v1 / "memory") == []
 
 
 def test_teardown_after_partial_setup_never_raises(fake):

@@ -191,6 +191,19 @@ def test_the_sh_reads_state_fast_as_save_writes_it(tmp_path, monkeypatch, status
     assert how == ("python" if hooks else "plain")
 
 
+@pytest.mark.parametrize("cmd,python", [("start", False), ("delete", True)])
+def test_v1_leaves_leave_start_to_the_sh_and_delete_to_python(tmp_path, cmd, python):
+    """A container with cgroup v1 leaves: the entry may start it, but only
+    Python's delete removes those leaves."""
+    st = _st(tmp_path, cgroup="/sys/fs/cgroup/unified/x", cgroup_version=2,
+             cgroup_v1=["/sys/fs/cgroup/memory/x"])
+    assert state._fast(st).splitlines()[-1] == "start"
+    gate = block(OCI, "# start and delete act on the directory", "case $cmd$how")
+    r = subprocess.run(["sh", "-c", f"py() {{ echo {PY}; exit 0; }}\ncmd={cmd} how=start\n"
+                        f"{gate}\necho sh"], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == (PY if python else "sh")
+
+
 # -- state root --------------------------------------------------------------
 
 ROOT_BLOCK = block(OCI, "kind=given", "fi") + \

@@ -26,6 +26,9 @@ commands:
   delete [--force] ID run --bundle DIR ID [--detach]
   exec [--process F] [--tty] [--console-socket S] [--pid-file F] [--detach] ID [CMD...]
   pause ID            resume ID           ps [--format json] ID
+  update [--memory N] [--memory-swap N] [--memory-reservation N] [--pids-limit N]
+         [--cpu-shares N] [--cpu-quota N] [--cpu-period N] [--cpuset-cpus L]
+         [--cpuset-mems L] [--blkio-weight N] [-r FILE|-] ID
   list [--format json] [-q]               features            spec     version
 """
 GLOBAL_VALUE = {"--root", "--log", "--log-format", "--cgroup-manager", "--rootless",
@@ -132,7 +135,7 @@ def main(argv=None):
 # The commands that read or write the state root: each checks it first
 # (state.open_root), whether --root gave it or not.
 STATE_COMMANDS = {"create", "run", "start", "state", "kill", "delete", "pause", "resume", "ps",
-                  "list", "exec"}
+                  "list", "exec", "update"}
 
 
 def _dispatch(cmd, rest, given_root, log):
@@ -201,6 +204,9 @@ def _dispatch(cmd, rest, given_root, log):
     if cmd == "exec":
         from .execute import main_exec
         return main_exec(root, rest, log)
+    if cmd == "update":
+        from .update import main_update
+        return main_update(root, rest)
     if cmd == "features":
         return ops.features()
     if cmd == "version":

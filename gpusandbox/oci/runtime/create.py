@@ -129,13 +129,11 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
                                    e.strerror) from None
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if spec.tty else None
         _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
-        limits = None
-        if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
-            limits = cgroup.Limits(memory=spec.memory, memory_swap=spec.memory_swap,
-                                   pids=spec.pids_limit, cpus=spec.cpus)
+        limits = None if x.limits.empty() else x.limits
         try:
             cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
-                                best_effort=True, name_prefix="gpusandbox-oci", detached=True)
+                                best_effort=True, name_prefix="gpusandbox-oci", detached=True,
+                                v1_all=True, v1_parent=_v1_parent(x.cgroups_path))
         except SandboxError as e:
             if host_uid() == 0:
                 raise
@@ -146,8 +144,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             cg = cgroup.CgroupHandle()
         for w in cg.warnings:
             log.warn(w)
-        plan.own_cgroup = cg.version == 2 and cg.dirfd >= 0
-        v1_join = bool(cg.dirfd < 0 and cg.path)
+        plan.own_cgroup = cg.view()
+        v1_join = cg.needs_join
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         pid, _, go_w, err_r = parent.spawn_init(plan, cg, tty, wait)
@@ -182,6 +180,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
               "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs,
               "created": created,
               "annotations": x.annotations, "cgroup": cg.path, "cgroup_version": cg.version,
+              "cgroup_v1": cg.v1,
               "hooks": plan.hooks, "_dir": d}
         state.save(st)
         if pid_file:
@@ -206,6 +205,18 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         elif cg is not None:
             cg._close()
     return 0
+
+
+def _v1_parent(path):
+    """Where the container's cgroup v1 leaves go, as runc's and crun's
+    cgroupfs placement (not under the caller's cgroups): the parent of
+    linux.cgroupsPath when that is an absolute path whose parent exists in
+    the hierarchy (podman's /libpod_parent/libpod-ID), else the hierarchy's
+    root.  The leaf keeps this runtime's own name (the stale sweep's)."""
+    cands = []
+    if path and path.startswith("/") and ":" not in path:
+        cands.append(os.path.dirname(path.rstrip("/")) or "/")
+    return tuple(dict.fromkeys(cands + ["/"]))
 
 
 def _remove_dir(d):

@@ -181,8 +181,8 @@ def _join(st, plan, nsfds, pid_w, err_w, console):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(console)
         step = "joining the container's cgroup"
-        if st.get("cgroup"):
-            with open(os.path.join(st["cgroup"], "cgroup.procs"), "w") as f:
+        for leaf in ([st["cgroup"]] if st.get("cgroup") else []) + list(st.get("cgroup_v1") or ()):
+            with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
                 f.write("0")
         step = "joining the container's namespaces"
         try:

@@ -178,9 +178,8 @@ def delete(root, cid, force, log):
             os.close(pfd)
     if st.get("cgroup"):
         from ...linux.cgroup import CgroupHandle
-        h = CgroupHandle()
-        h.path, h.version = st["cgroup"], st.get("cgroup_version") or 2
-        if os.path.isdir(h.path):
+        h = CgroupHandle.restore(st["cgroup"], st.get("cgroup_version"), st.get("cgroup_v1"))
+        if os.path.isdir(h.path) or h.v1:
             h.teardown()
             for note in h.notes:
                 log.warn(note)
@@ -265,7 +264,7 @@ def features():
            "mountOptions": sorted(FLAG_OPTS),
            "linux": {"namespaces": sorted(c.NS_FLAGS),
                      "capabilities": ["CAP_" + n for n in c.CAPS],
-                     "cgroup": {"v1": False, "v2": True, "systemd": False, "systemdUser": False},
+                     "cgroup": {"v1": True, "v2": True, "systemd": False, "systemdUser": False},
                      "seccomp": {"enabled": True,
                                  "actions": ["SCMP_ACT_ALLOW", "SCMP_ACT_ERRNO", "SCMP_ACT_KILL",
                                              "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_KILL_THREAD",

@@ -249,9 +249,11 @@ def _fast(st):
     object as one ASCII JSON line split around its status and pid (the only
     values that change), then `plain` where `start` and `delete` of a
     stopped container are no more than the entry does (no poststart or
-    poststop hook, no cgroup or a cgroup2 leaf), else `python`.  None (no
-    file: the entry falls back to Python) where a line would not survive
-    the shell's `read`."""
+    poststop hook, no cgroup or a cgroup2 leaf without v1 leaves), `start`
+    where only `start` is (no hook, but a cgroup the entry's one rmdir
+    cannot remove: cgroup v1 leaves), else `python`.  None (no file: the
+    entry falls back to Python) where a line would not survive the shell's
+    `read`."""
     pid, start, leaf = st.get("pid") or 0, st.get("start_time"), st.get("cgroup") or ""
     if not isinstance(pid, int) or pid <= 0 or not isinstance(start, int) \
             or not isinstance(leaf, str) or not leaf.isascii() or "\n" in leaf:
@@ -267,10 +269,11 @@ def _fast(st):
         return None
     head, tail = text[:i] + '"', text[j + len(_MID) + len(p):]
     hooks = st.get("hooks") or {}
-    plain = not hooks.get("poststart") and not hooks.get("poststop") \
-        and (not leaf or st.get("cgroup_version") == 2)
-    return (f"{FAST_MAGIC}\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n"
-            f"{'plain' if plain else 'python'}\n")
+    how = "python"
+    if not hooks.get("poststart") and not hooks.get("poststop"):
+        how = "plain" if (not leaf or st.get("cgroup_version") == 2) \
+            and not st.get("cgroup_v1") else "start"
+    return f"{FAST_MAGIC}\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n{how}\n"
 
 
 def alive(st):
