@@ -76,6 +76,12 @@ def _rootfs(plan):
     attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
     image = _image_fd(plan)
     lower = image
+    if plan.idmap and plan.idmap[0] == "full":
+        # Once the image is held (its path walked with the caller's ids,
+        # which may be the only ones allowed through a 0700 bundle), and
+        # before the first file is created.
+        from ..linux import idmap
+        idmap.become_mapped_root(plan.idmap[1], plan.idmap[2])
     try:
         if plan.squash:
             # A squashfs image: its detached mount (held fd) is attached over

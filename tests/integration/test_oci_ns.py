@@ -1,0 +1,157 @@
+"""gpusandbox-oci at crun's level for namespaces and hooks (issue 25): user
+namespaces mapping the container's root to another host id, namespaces
+joined by path, mount propagation, hooks per the runtime spec, and errors
+of the init after `create` reported by `start`; through the runtime CLI
+and through podman, root and rootless where it applies."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .conftest import MODES, VENV
+
+OCI = str(VENV / "bin" / "gpusandbox-oci")
+ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+
+
+@pytest.fixture(scope="module")
+def work(cli, test_user):
+    d = Path(tempfile.mkdtemp(prefix="gsbx-ocins-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _as(mode, user, argv):
+    if mode == "root":
+        return argv
+    return ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+            "--", *argv]
+
+
+def _conf(rootfs, script, namespaces=("pid", "ipc", "uts", "mount", "network"), **linux):
+    return {
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sh", "-c", script], "cwd": "/", "user": {"uid": 0, "gid": 0},
+                    "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]},
+        "root": {"path": str(rootfs), "readonly": True},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                    "options": ["nosuid", "mode=755", "size=65536k"]}],
+        "linux": dict({"namespaces": [{"type": t} for t in namespaces]}, **linux),
+    }
+
+
+def _bundle(work, name, conf, mode="root", user=None):
+    bundle = work / name
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps(conf))
+    if mode != "root":
+        subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(bundle)], check=True)
+    return bundle
+
+
+def _rt(bundle, mode="root", user=None):
+    return _as(mode, user, [OCI, "--root", str(bundle / "state")])
+
+
+def _oci(bundle, *args, mode="root", user=None, timeout=60):
+    return subprocess.run(_rt(bundle, mode, user) + list(args), capture_output=True, text=True,
+                          timeout=timeout, env=ENV, cwd="/", stdin=subprocess.DEVNULL)
+
+
+# -- user namespaces mapping root to another host id ------------------------
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_userns_maps_root_to_another_host_id(work, rootfs, readonly):
+    """Real root, container root mapped to host 100000 (podman --uidmap,
+    --userns=auto): the init becomes the namespace's root before it
+    creates mount points, so create works; the workload is uid 0 inside,
+    100000 outside, and can write its tmpfs."""
+    rows = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    conf = _conf(rootfs, "id -u; id -g; cat /proc/self/uid_map; touch /dev/x && echo wrote",
+                 ("pid", "ipc", "uts", "mount", "network", "user"),
+                 uidMappings=rows, gidMappings=rows)
+    conf["root"]["readonly"] = readonly
+    # In a bundle closed to others: the image is walked with the caller's
+    # ids, before the switch.
+    b = _bundle(work, f"idmap-{readonly}", conf)
+    os.chmod(b, 0o700)
+    r = _oci(b, "run", "--bundle", str(b), f"idmap-{readonly}")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.split()
+    assert out[:2] == ["0", "0"]
+    assert out[2:5] == ["0", "100000", "65536"]
+    assert out[-1] == "wrote"
+
+
+def test_userns_map_of_neither_caller_nor_root(work, rootfs):
+    rows = [{"containerID": 1, "hostID": 100000, "size": 10}]
+    conf = _conf(rootfs, "true", ("pid", "ipc", "uts", "mount", "network", "user"),
+                 uidMappings=rows, gidMappings=rows)
+    b = _bundle(work, "idmap-noroot", conf)
+    r = _oci(b, "run", "--bundle", str(b), "idmap-noroot")
+    assert r.returncode != 0
+    assert "maps neither the caller's uid nor uid 0" in r.stderr, r.stderr
+    assert not os.listdir(b / "state")
+
+
+# -- podman ------------------------------------------------------------------
+
+class Podman:
+    def __init__(self, mode, user, home, image):
+        self.mode, self.user, self.home, self.image = mode, user, home, image
+
+    def argv(self, args):
+        cmd = ["podman", "--runtime", OCI] + list(args)
+        if self.mode == "root":
+            cmd[1:1] = ["--root", f"{self.home}/storage", "--runroot", f"{self.home}/rr",
+                        "--tmpdir", f"{self.home}/tmp"]
+        else:
+            cmd = ["setpriv", f"--reuid={self.user.pw_uid}", f"--regid={self.user.pw_gid}",
+                   "--clear-groups", "--", "env", "-i", "PATH=/usr/bin:/bin:/usr/sbin:/sbin",
+                   f"HOME={self.home}", f"XDG_RUNTIME_DIR={self.home}/run"] + cmd
+        return cmd
+
+    def __call__(self, *args, timeout=90):
+        return subprocess.run(self.argv(args), capture_output=True, text=True, timeout=timeout,
+                              cwd="/", stdin=subprocess.DEVNULL)
+
+
+RUN = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none"]
+
+
+@pytest.fixture(scope="module", params=MODES)
+def podman(request, cli, rootfs, test_user):
+    if not shutil.which("podman") or not shutil.which("conmon"):
+        pytest.skip("podman and conmon are not installed")
+    home = Path(tempfile.mkdtemp(prefix="gsbx-test-podman-ocins-", dir="/tmp"))
+    os.chmod(home, 0o755)
+    (home / "run").mkdir(mode=0o700)
+    for p in (home, home / "run"):
+        os.chown(p, test_user.pw_uid, test_user.pw_gid)
+    tar = home / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
+    pm = Podman(request.param, test_user, home, f"localhost/gsbx-ocins-{os.getpid()}:1")
+    r = pm("import", str(tar), pm.image, timeout=120)
+    assert r.returncode == 0, r.stderr
+    yield pm
+    pm("rmi", "-f", pm.image)
+    pm("system", "reset", "--force", timeout=120)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_podman_uidmap(podman):
+    """--uidmap: root maps the container's 0 to host 100000; rootless to
+    the second id of its own namespace (the user's first subordinate id)."""
+    start = "100000" if podman.mode == "root" else "1"
+    r = podman("run", "--rm", *RUN, "--uidmap", f"0:{start}:5000", "--gidmap",
+               f"0:{start}:5000", podman.image, "sh", "-c",
+               "id -u; cat /proc/self/uid_map; touch /tmp/x && echo wrote")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.split()
+    assert out[:4] == ["0", "0", start, "5000"] and out[-1] == "wrote", r.stdout
