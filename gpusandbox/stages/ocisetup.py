@@ -70,15 +70,15 @@ def container_hooks(plan, stage, src, cwd=None):
     pivot: the paths are the runtime's, cwd the bundle) and startContainer
     hooks (after `start`, in the container's root, before the workload):
     run by the init, in the container's namespaces, with the OCI state on
-    stdin (runtime-spec config.md; status creating, then created, as runc
-    has them).  A failing one fails the container."""
+    stdin (runtime-spec config.md; status created for both, as crun's
+    test_in_container_hooks_state expects).  A failing one fails the
+    container."""
     hooks = plan.oci.hooks.get(stage) if plan.oci.hook_state else None
     if not hooks:
         return
     from ..oci.runtime import hooks as runner   # loaded by `create` before the clone
     from ..errors import SandboxError
-    state = dict(plan.oci.hook_state, pid=src["pid"],
-                 status="creating" if stage == "createContainer" else "created")
+    state = dict(plan.oci.hook_state, pid=src["pid"])
     try:
         runner.run(plan.oci.hooks, (stage,), state, None, cwd=cwd)
     except SandboxError as e:
@@ -206,7 +206,9 @@ def wait_start(plan, err_w, src, tty_slave=None):
     # poststart hooks then come after them, and a failing one fails `start`.
     container_hooks(plan, "startContainer", src, "/")
     os.write(fd, b"0")
-    os.close(fd)
+    # Kept until the execve closes it: `start` reads to EOF, and a failure
+    # before then reaches it (channel.AFTER_START).
+    channel.AFTER_START.append(fd)
     os.close(fifo)
     return err_w
 

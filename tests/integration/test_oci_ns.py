@@ -155,3 +155,77 @@ def test_podman_uidmap(podman):
     assert r.returncode == 0, r.stderr
     out = r.stdout.split()
     assert out[:4] == ["0", "0", start, "5000"] and out[-1] == "wrote", r.stdout
+
+
+# -- hooks per the runtime spec -----------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hooks_env_state_and_a_failing_poststart(mode, work, rootfs, test_user):
+    """A hook without `env` inherits the runtime's environment (runc, crun's
+    test_hook_env_inherit), one with `env` gets only that; prestart sees
+    the container created (runtime-tools' hooks_stdin), createRuntime
+    creating; a failing poststart hook is a warning: the next one runs and
+    `start` goes on (runtime-spec runtime.md, Lifecycle)."""
+    b = work / f"hooks-{mode}"
+    conf = _conf(rootfs, "echo ran")
+
+    def hook(name, env=None, cmd="cat > {b}/{n}.json; env > {b}/{n}.env"):
+        h = {"path": "/bin/sh", "args": ["sh", "-c", cmd.format(b=b, n=name)]}
+        if env is not None:
+            h["env"] = env
+        return h
+    conf["hooks"] = {"prestart": [hook("pre")],
+                     "createRuntime": [hook("crt", ["ONLY=1"])],
+                     "poststart": [{"path": "/bin/false"}, hook("post")]}
+    _bundle(work, b.name, conf, mode, test_user)
+    env = dict(ENV, GSBX_MARK="inherited")
+    r = subprocess.run(_rt(b, mode, test_user) + ["run", "--bundle", str(b), b.name],
+                       capture_output=True, text=True, timeout=60, env=env, cwd="/",
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ran"]
+    assert "gpusandbox: warning: poststart hook /bin/false: exit 1" in r.stderr, r.stderr
+    pre_env = (b / "pre.env").read_text().splitlines()
+    assert "GSBX_MARK=inherited" in pre_env and f"PATH={ENV['PATH']}" in pre_env
+    crt_env = (b / "crt.env").read_text().splitlines()
+    assert "ONLY=1" in crt_env and not any(x.startswith("GSBX_MARK=") for x in crt_env)
+    states = {n: json.loads((b / f"{n}.json").read_text()) for n in ("pre", "crt", "post")}
+    assert [states[n]["status"] for n in ("pre", "crt", "post")] == \
+        ["created", "creating", "running"]
+
+
+# -- errors of the init after create ------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("entry", ["sh", "python"])
+def test_start_reports_a_failure_after_create(entry, mode, work, rootfs, test_user):
+    """Capabilities the init cannot set (effective beyond permitted): create
+    succeeds, the init fails at capset after `start` released it, and
+    `start` (the shell entry's and the Python path's alike) exits 1 with
+    that one line instead of 0."""
+    name = f"late-{entry}-{mode}"
+    conf = _conf(rootfs, "echo should-not-run")
+    conf["process"]["capabilities"] = {"bounding": ["CAP_SYS_ADMIN"],
+                                       "effective": ["CAP_SYS_ADMIN"], "permitted": []}
+    b = _bundle(work, name, conf, mode, test_user)
+    # The init keeps create's stdio (conmon's pipes): files here, not pipes
+    # whose end would wait for the container.
+    with open(b / "init.err", "w+") as err:
+        r = subprocess.run(_rt(b, mode, test_user) + ["create", "--bundle", str(b), name],
+                           stdout=err, stderr=err, timeout=60, env=ENV, cwd="/",
+                           stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, err.read()
+    try:
+        rt = _rt(b, mode, test_user)
+        if entry == "python":
+            rt[rt.index(OCI)] = str(VENV / "bin" / "gpusandbox")
+            rt.insert(rt.index(str(VENV / "bin" / "gpusandbox")) + 1, "oci")
+        r = subprocess.run(rt + ["start", name], capture_output=True, text=True, timeout=60,
+                           env=ENV, cwd="/", stdin=subprocess.DEVNULL)
+        assert r.returncode == 1
+        assert r.stderr == ("gpusandbox: error: dropping privileges: capset failed: "
+                            "Operation not permitted\n")
+        assert "should-not-run" not in r.stdout
+    finally:
+        r = _oci(b, "delete", "--force", name, mode=mode, user=test_user)
+    assert r.returncode == 0, r.stderr

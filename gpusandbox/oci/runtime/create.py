@@ -164,10 +164,14 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             from ...stages.ocisetup import HOOKS
             from . import hooks     # subprocess: only when there are hooks to run
             _wait_ready(err_r, HOOKS)
-            hooks.run(x.hooks, ("prestart", "createRuntime"), {
-                "ociVersion": "1.0.2", "id": cid, "status": "creating", "pid": pid,
-                "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs, "created": created,
-                "owner": "", "annotations": x.annotations}, log)
+            hstate = {"ociVersion": "1.0.2", "id": cid, "status": "created", "pid": pid,
+                      "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs,
+                      "created": created, "owner": "", "annotations": x.annotations}
+            # prestart (deprecated, once run by `start`) sees the container
+            # created, as runtime-tools' hooks_stdin expects; createRuntime
+            # sees it creating, as runc has both.
+            hooks.run(x.hooks, ("prestart",), hstate, log)
+            hooks.run(x.hooks, ("createRuntime",), dict(hstate, status="creating"), log)
             os.write(go_w, b"H")
         if tty:
             _, fds, _, _ = socket.recv_fds(tty[0], 1, 1)
