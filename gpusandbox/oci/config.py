@@ -181,8 +181,9 @@ def _namespaces(linux, real_root):
         seen.add(t)
         path = _get(ns, "path", str, where)
         if path:
-            if t in ("mount", "user", "pid", "cgroup"):
-                raise _bad(where, f"joining an existing {t} namespace is not supported")
+            if t == "user":
+                raise _bad(where, "joining an existing user namespace is not supported")
+            # runc's rule: a path is joined, never made (create.py, setns(2)).
             join.append((t, path))
         else:
             flags |= NS_FLAGS[t]
@@ -203,7 +204,9 @@ def _namespaces(linux, real_root):
         if "pid" not in seen:
             raise _bad("linux.namespaces", "a rootless container needs a pid namespace",
                        "a procfs of the host's pid namespace cannot be mounted in it")
-    return flags | NS_FLAGS["cgroup"], join, "user" in seen
+    if not any(t == "cgroup" for t, _ in join):
+        flags |= NS_FLAGS["cgroup"]
+    return flags, join, "user" in seen
 
 
 def _idmaps(linux, uid, gid):

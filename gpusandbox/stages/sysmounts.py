@@ -103,10 +103,10 @@ def sysfs(plan, rootfd, src, fresh=False):
                          | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
         m.attach(empty, target, f"covering {path}")
     if plan.own_cgroup:
-        _cgroup_view(rootfd)
+        _cgroup_view(rootfd, plan.clone_flags & k.CLONE_NEWCGROUP)
 
 
-def _cgroup_view(rootfd):
+def _cgroup_view(rootfd, own_ns=True):
     """/sys/fs/cgroup: a fresh cgroup2 mount, read-only.  It is made inside the
     sandbox's cgroup namespace, whose root is the sandbox's own leaf, so it
     shows that leaf and nothing above it (cgroup_namespaces(7)); hybrid hosts
@@ -116,8 +116,11 @@ def _cgroup_view(rootfd):
     which may be the host's root cgroup, so /sys/fs/cgroup stays sysfs's
     empty directory, as it does when the kernel refuses the mount."""
     # The namespace root is the cgroup this process was in at clone time; a
-    # new namespace here pins it to the leaf whatever clone3 did first.
-    k.syscall("unshare", k.CLONE_NEWCGROUP)
+    # new namespace here pins it to the leaf whatever clone3 did first.  A
+    # cgroup namespace joined by path (an OCI config's) is kept: the view is
+    # its root's, as runc's.
+    if own_ns:
+        k.syscall("unshare", k.CLONE_NEWCGROUP)
     try:
         fd = m.new_fs("cgroup2", (), k.MOUNT_ATTR_RDONLY | k.MOUNT_ATTR_NOSUID
                       | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)

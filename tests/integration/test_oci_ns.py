@@ -229,3 +229,97 @@ def test_start_reports_a_failure_after_create(entry, mode, work, rootfs, test_us
     finally:
         r = _oci(b, "delete", "--force", name, mode=mode, user=test_user)
     assert r.returncode == 0, r.stderr
+
+
+# -- namespaces by path ---------------------------------------------------------
+
+NS_LINKS = {"pid": "pid", "mount": "mnt", "cgroup": "cgroup", "ipc": "ipc", "uts": "uts",
+            "network": "net"}
+
+
+def _ns_of(pid, types):
+    return [os.readlink(f"/proc/{pid}/ns/{NS_LINKS[t]}") for t in types]
+
+
+def test_join_every_namespace_by_path(work, rootfs):
+    """pid, mount, cgroup, ipc, uts and network namespaces given by path are
+    the container's (runc's rule: joined, never made): a holder's, made by
+    unshare(1); the container sees the holder as pid 1 of its pid
+    namespace, and builds its root in the holder's mount namespace."""
+    types = ["pid", "mount", "cgroup", "ipc", "uts", "network"]
+    holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount", "--cgroup", "--ipc",
+                               "--uts", "--net", "--propagation", "private", "sh", "-c",
+                               "echo in; exec sleep 60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "in\n"
+        inner = int(subprocess.run(["pgrep", "-P", str(holder.pid)], capture_output=True,
+                                   text=True).stdout.split()[0])
+        want = _ns_of(inner, types)
+        assert want != _ns_of(os.getpid(), types)
+        conf = _conf(rootfs, "readlink " + " ".join(f"/proc/self/ns/{NS_LINKS[t]}"
+                                                     for t in types)
+                     + "; cat /proc/1/comm", ())
+        conf["linux"]["namespaces"] = [{"type": t, "path": f"/proc/{inner}/ns/{NS_LINKS[t]}"}
+                                       for t in types]
+        b = _bundle(work, "join-all", conf)
+        r = _oci(b, "run", "--bundle", str(b), "join-all")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == want + ["sleep"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("mode", ["root"])
+def test_second_container_joins_the_firsts_namespaces(mode, work, rootfs, test_user):
+    """A pod's way: the second container joins the first's pid, ipc, uts,
+    network and cgroup namespaces by /proc/PID/ns path; its mount namespace
+    is its own."""
+    first = "ns-first"
+    b1 = _bundle(work, first, _conf(rootfs, "exec sleep 60"), mode, test_user)
+    with open(b1 / "init.err", "w") as err:
+        r = subprocess.run(_rt(b1, mode, test_user) + ["create", "--bundle", str(b1), first],
+                           stdout=err, stderr=err, timeout=60, env=ENV, cwd="/",
+                           stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, (b1 / "init.err").read_text()
+    try:
+        assert _oci(b1, "start", first, mode=mode, user=test_user).returncode == 0
+        pid = json.loads(_oci(b1, "state", first, mode=mode, user=test_user).stdout)["pid"]
+        shared = ["pid", "ipc", "uts", "network", "cgroup"]
+        conf = _conf(rootfs, "readlink " + " ".join(f"/proc/self/ns/{NS_LINKS[t]}"
+                                                     for t in shared + ["mount"])
+                     + "; cat /proc/1/comm", ("mount",))
+        conf["linux"]["namespaces"] += [{"type": t, "path": f"/proc/{pid}/ns/{NS_LINKS[t]}"}
+                                        for t in shared]
+        b2 = _bundle(work, "ns-second", conf, mode, test_user)
+        r = _oci(b2, "run", "--bundle", str(b2), "ns-second", mode=mode, user=test_user)
+        assert r.returncode == 0, r.stderr
+        out = r.stdout.split()
+        assert out[:5] == _ns_of(pid, shared)
+        assert out[5] != _ns_of(pid, ["mount"])[0]
+        assert out[6] == "sleep"
+    finally:
+        _oci(b1, "delete", "--force", first, mode=mode, user=test_user)
+
+
+def test_podman_pid_and_ipc_of_another_container(podman):
+    """podman --pid container:X --ipc container:X --uts container:X: the
+    runtime joins X's namespaces by the paths podman writes."""
+    if podman.mode != "root":
+        pytest.skip("rootless: each container has a user namespace of its own, and joining "
+                    "a user namespace by path is not supported")
+    name = f"gsbx-ocins-x-{os.getpid()}"
+    r = podman("run", "-d", "--name", name, *RUN, podman.image, "sleep", "60")
+    assert r.returncode == 0, r.stderr
+    try:
+        probe = "readlink /proc/self/ns/pid /proc/self/ns/ipc /proc/self/ns/uts; cat /proc/1/comm"
+        want = podman("exec", name, "sh", "-c", probe)
+        assert want.returncode == 0, want.stderr
+        r = podman("run", "--rm", *RUN, "--pid", f"container:{name}", "--ipc",
+                   f"container:{name}", "--uts", f"container:{name}", podman.image,
+                   "sh", "-c", probe)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == want.stdout.split()
+        assert r.stdout.split()[-1] == "sleep"
+    finally:
+        podman("rm", "-f", "-t", "0", name)
