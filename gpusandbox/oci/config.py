@@ -25,6 +25,7 @@ from .confighost import _devices
 from .configfield import _bad, _get, _strs
 from .configplan import OciRequest
 from .configsysctl import sysctl_namespaced as _sysctl_namespaced
+from . import propagation
 
 MAX_CONFIG = 4 << 20
 
@@ -44,16 +45,17 @@ SYSTEM_MOUNTS = {("/proc", "proc"), ("/sys", "sysfs"), ("/sys", "bind"), ("/dev"
                  ("/sys/fs/cgroup", "cgroup2")}
 FS_TYPES = ("tmpfs", "mqueue", "devpts", "proc", "sysfs")
 FLAG_OPTS = {"ro", "rw", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "bind", "rbind",
-             "private", "rprivate", "slave", "rslave", "relatime", "norelatime", "strictatime",
+             *propagation.OPTIONS, "relatime", "norelatime", "strictatime",
              "nostrictatime", "noatime", "atime", "nodiratime", "diratime", "sync", "async",
              "tmpcopyup", "mand", "nomand", "silent", "loud", "defaults", "norbind", "noiversion"}
-REFUSED_OPTS = {"shared", "rshared", "unbindable", "runbindable", "remount", "dirsync",
-                "idmap", "ridmap"}
+REFUSED_OPTS = {"remount", "dirsync", "idmap", "ridmap"}
 
 
 class Mount:
     __slots__ = ("destination", "kind", "source", "fstype", "data", "recursive", "ro",
-                 "nosuid", "nodev", "noexec", "target_kind")
+                 "nosuid", "nodev", "noexec", "target_kind",
+                 # (MS_* flag, recursive) from its options (oci/propagation.py), or None
+                 "propagation")
 
 
 class OciExtras:
@@ -75,7 +77,9 @@ class OciExtras:
                  "sys_at",
                  # [(path, detached mount fd)]: the mknod entries `create` made
                  # for a container with a user namespace (linux/devnodes.premake_devices)
-                 "premade")
+                 "premade",
+                 # (MS_* flag, recursive) of linux.rootfsPropagation, or None
+                 "rootfs_propagation")
 
 
 def read(bundle, path=None):
@@ -143,6 +147,7 @@ def _mount(i, ent, bundle):
     m.nosuid = "nosuid" in opts
     m.nodev = "nodev" in opts
     m.noexec = "noexec" in opts
+    m.propagation = propagation.of_options(opts)
     if bind:
         src = _get(ent, "source", str, where)
         if not src or "\0" in src:
@@ -232,10 +237,6 @@ def _refuse_unknown(conf, linux, proc):
     for key in ("intelRdt", "timeOffsets"):
         if linux.get(key):
             raise _bad("linux", f"{key} is not supported")
-    if linux.get("rootfsPropagation") not in (None, "", "private", "rprivate", "slave",
-                                              "rslave"):
-        raise _bad("linux.rootfsPropagation", f"{linux['rootfsPropagation']!r} is not supported",
-                   "the container's mounts are always private (slave of the host's)")
     if linux.get("mountLabel"):
         raise _bad("linux", "mountLabel: no LSM support in gpusandbox")
     if proc.get("apparmorProfile") or proc.get("selinuxLabel"):
@@ -375,6 +376,11 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     x.caps = cap_sets(_get(proc, "capabilities", dict, "process", {}))
     x.nnp = _get(proc, "noNewPrivileges", bool, "process", False)
     x.domainname = _get(conf, "domainname", str, "domainname") or None
+    rprop = _get(linux, "rootfsPropagation", str, "linux")
+    if rprop and rprop not in propagation.OPTIONS:
+        raise _bad("linux.rootfsPropagation", f"{rprop!r} is not a mount propagation",
+                   f"use one of {', '.join(sorted(propagation.OPTIONS))}")
+    x.rootfs_propagation = propagation.OPTIONS.get(rprop)
     from .configproc import parse as proc_settings
     x.proc = proc_settings(proc, linux) or None
     own_uts = flags & NS_FLAGS["uts"] or any(t == "uts" for t, _ in join)

@@ -278,7 +278,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             # reaped here, and killed by the pod's keeper once this exits.
             k.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
         step = "making the mount tree private"
-        k.mount(None, "/", None, k.MS_REC | k.MS_SLAVE)
+        k.mount(None, "/", None, k.MS_REC | ocisetup.start_propagation(plan))
         step = "opening host sources"
         src, nodes, mounts, binds = _open_sources(plan)
         oci_src = ocisetup.open_sources(plan) if plan.oci is not None else None
@@ -341,6 +341,9 @@ def run(plan, go_r, err_w, tty_sock, wait):
         step = "pivoting into the root filesystem"
         _pivot(rootfd)
         os.close(rootfd)
+        if oci_src is not None:
+            step = "setting the root's propagation"
+            ocisetup.root_propagation(plan)
         tty_slave = None
         if tty_sock is not None:
             step = "allocating the terminal"

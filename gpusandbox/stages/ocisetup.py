@@ -90,6 +90,22 @@ def _attrs(mnt):
             | (k.MOUNT_ATTR_NODEV if mnt.nodev else 0) | (k.MOUNT_ATTR_NOEXEC if mnt.noexec else 0))
 
 
+def start_propagation(plan):
+    """MS_SLAVE for the init's copy of the host's tree (host mounts still
+    reach the container's binds, nothing goes back), MS_PRIVATE when an OCI
+    config asks for a private root (oci/propagation.py)."""
+    prop = getattr(plan.oci, "rootfs_propagation", None) if plan.oci is not None else None
+    return k.MS_PRIVATE if prop is not None and prop[0] == k.MS_PRIVATE else k.MS_SLAVE
+
+
+def root_propagation(plan):
+    """linux.rootfsPropagation on the container's root, after the pivot."""
+    prop = getattr(plan.oci, "rootfs_propagation", None)
+    if prop is not None:
+        flag, rec = prop
+        k.mount(None, "/", None, flag | (k.MS_REC if rec else 0))
+
+
 def _own_run(plan):
     """The config's tmpfs at /run, which the init's own /run stands for."""
     for mnt in plan.oci.mounts:
@@ -131,8 +147,17 @@ def mounts(plan, rootfd, src, sysfs):
                        recursive=mnt.recursive)
         else:
             fd = m.new_fs(mnt.fstype, mnt.data, _attrs(mnt))
+        prop = getattr(mnt, "propagation", None)
+        # After move_mount the fd is the attached mount: its propagation can
+        # be set then (a detached mount has no peers to share with).
+        held = os.dup(fd) if prop is not None else -1
         m.attach(fd, m.open_target(rootfd, mnt.destination, mnt.target_kind),
                  f"mounting {mnt.destination}")
+        if prop is not None:
+            try:
+                k.mount_setattr(held, 0, recursive=prop[1], propagation=prop[0])
+            finally:
+                os.close(held)
     if sys_at is not None and sys_at >= len(plan.oci.mounts):
         sysfs()
     premade = getattr(plan.oci, "premade", None)

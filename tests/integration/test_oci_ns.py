@@ -323,3 +323,82 @@ def test_podman_pid_and_ipc_of_another_container(podman):
         assert r.stdout.split()[-1] == "sleep"
     finally:
         podman("rm", "-f", "-t", "0", name)
+
+
+# -- mount propagation ------------------------------------------------------------
+
+PROP_PROBE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def mount(src, tgt, fs, flags):
+    r = libc.mount(src and src.encode(), tgt.encode(), fs and fs.encode(), flags, None)
+    return 0 if r == 0 else ctypes.get_errno()
+if mount("/", "/opt", None, 0x1000 | 0x4000):      # MS_BIND | MS_REC
+    print("bind-refused"); sys.exit(0)
+mount("none", "/mnt", "tmpfs", 0)
+open("/mnt/seen", "w").close()
+print("propagated" if os.path.exists("/opt/mnt/seen") else "not-propagated")
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("prop,want", [("shared", "propagated"), ("rshared", "propagated"),
+                                       ("slave", "not-propagated"),
+                                       ("private", "not-propagated"),
+                                       ("unbindable", "bind-refused")])
+def test_rootfs_propagation(prop, want, mode, work, rootfs, test_user):
+    """linux.rootfsPropagation on the container's root (runtime-tools'
+    linux_rootfs_propagation): shared, a bind of / sees a mount made after
+    it; slave and private, not; unbindable, the bind is refused."""
+    conf = _conf(rootfs, "", rootfsPropagation=prop)
+    conf["process"]["args"] = ["python3", "-c", PROP_PROBE]
+    conf["process"]["capabilities"] = {s: ["CAP_SYS_ADMIN"]
+                                       for s in ("bounding", "effective", "permitted")}
+    name = f"rprop-{prop}-{mode}"
+    b = _bundle(work, name, conf, mode, test_user)
+    r = _oci(b, "run", "--bundle", str(b), name, mode=mode, user=test_user)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [want]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("opt,want", [("rslave", "seen"), ("rshared", "seen"),
+                                      ("rprivate", "unseen")])
+def test_bind_mount_propagation(opt, want, mode, work, rootfs, test_user):
+    """A bind mount's propagation option: slave (and shared, which the init
+    makes of a slave copy) keep receiving what the host mounts under the
+    source after the container started (Kubernetes' HostToContainer);
+    private does not."""
+    name = f"mprop-{opt}-{mode}"
+    src = work / f"{name}-src"
+    src.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "none", str(src)], check=True)
+    try:
+        subprocess.run(["mount", "--make-shared", str(src)], check=True)
+        (src / "sub").mkdir()
+        conf = _conf(rootfs, "until [ -e /src/go ]; do sleep 0.05; done; "
+                     "if [ -e /src/sub/marker ]; then echo seen; else echo unseen; fi "
+                     "> /src/result")
+        conf["mounts"].append({"destination": "/src", "type": "bind", "source": str(src),
+                               "options": ["rbind", opt]})
+        b = _bundle(work, name, conf, mode, test_user)
+        with open(b / "init.err", "w") as err:
+            r = subprocess.run(_rt(b, mode, test_user) + ["create", "--bundle", str(b), name],
+                               stdout=err, stderr=err, timeout=60, env=ENV, cwd="/",
+                               stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, (b / "init.err").read_text()
+        try:
+            assert _oci(b, "start", name, mode=mode, user=test_user).returncode == 0
+            subprocess.run(["mount", "-t", "tmpfs", "none", str(src / "sub")], check=True)
+            (src / "sub" / "marker").touch()
+            (src / "go").touch()
+            for _ in range(600):
+                if (src / "result").exists() and (src / "result").read_text():
+                    break
+                subprocess.run(["sleep", "0.05"])
+            assert (src / "result").read_text().split() == [want], \
+                (b / "init.err").read_text()
+        finally:
+            _oci(b, "delete", "--force", name, mode=mode, user=test_user)
+    finally:
+        subprocess.run(["umount", "-R", str(src)])
