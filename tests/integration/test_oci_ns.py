@@ -402,3 +402,30 @@ def test_bind_mount_propagation(opt, want, mode, work, rootfs, test_user):
             _oci(b, "delete", "--force", name, mode=mode, user=test_user)
     finally:
         subprocess.run(["umount", "-R", str(src)])
+
+
+# -- delete --regex -------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+def test_delete_regex(mode, work, rootfs, test_user):
+    """crun's `delete --force --regex RE`: every container whose id RE
+    matches goes; the others stay; a bad expression is one line, exit 1."""
+    b = _bundle(work, f"regex-{mode}", _conf(rootfs, "exec sleep 60"), mode, test_user)
+    for name in ("rx-a", "rx-b", "keep"):
+        with open(b / "init.err", "w") as err:
+            r = subprocess.run(_rt(b, mode, test_user) + ["create", "--bundle", str(b), name],
+                               stdout=err, stderr=err, timeout=60, env=ENV, cwd="/",
+                               stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, (b / "init.err").read_text()
+    try:
+        r = _oci(b, "delete", "--regex", "^rx-", mode=mode, user=test_user)
+        assert r.returncode == 1 and "not stopped" in r.stderr     # created: needs --force
+        r = _oci(b, "delete", "-f", "--regex", "^rx-", mode=mode, user=test_user)
+        assert (r.returncode, r.stderr) == (0, "")
+        assert _oci(b, "list", "-q", mode=mode, user=test_user).stdout.split() == ["keep"]
+        r = _oci(b, "delete", "-f", "--regex", "(", mode=mode, user=test_user)
+        assert r.returncode == 1
+        assert r.stderr.startswith("gpusandbox: error: delete --regex '(': not a regular "
+                                   "expression")
+    finally:
+        _oci(b, "delete", "-f", "keep", mode=mode, user=test_user)

@@ -216,6 +216,37 @@ def delete(root, cid, force, log):
     return 0
 
 
+def delete_matching(root, pattern, force, log):
+    """crun's `delete --regex RE`: every container of the root whose id RE
+    matches (a search, as regexec(3) does), each as `delete` would; the
+    first failure is reported once all were tried."""
+    import re
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise SandboxError(f"delete --regex {pattern!r}", f"not a regular expression: {e}",
+                           "quote it for the shell, e.g. 'test-.*'") from None
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        names = []
+    first = None
+    for name in names:
+        try:
+            state.check_id(name)
+        except SandboxError:
+            continue        # not a container's directory
+        if not rx.search(name):
+            continue
+        try:
+            delete(root, name, force, log)
+        except (SandboxError, OSError) as e:
+            first = first or e
+    if first is not None:
+        raise first
+    return 0
+
+
 def freeze(root, cid, on):
     st = state.load(root, cid)
     s = state.status(st)
