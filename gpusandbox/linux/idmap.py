@@ -107,6 +107,18 @@ def _write(path, data):
 LAUNCHER_IDS = (os.geteuid(), os.getegid())
 
 
+def _unmapped(uid_rows, gid_rows):
+    def out(own, rows):
+        return not any(o <= own < o + n for _, o, n in rows)
+    return out(LAUNCHER_IDS[0], uid_rows), out(LAUNCHER_IDS[1], gid_rows)
+
+
+def caller_unmapped(uid_rows, gid_rows):
+    """Whether the maps leave out the launcher's uid or gid (become_mapped_root
+    then switches)."""
+    return any(_unmapped(uid_rows, gid_rows))
+
+
 def become_mapped_root(uid_rows, gid_rows):
     """After the maps are written, a process whose own ids the new namespace
     does not map (root mapping the container's 0 to host 1000, as podman's
@@ -116,10 +128,7 @@ def become_mapped_root(uid_rows, gid_rows):
     (fs/namei.c may_create: fsuidgid_has_mapping).  The switch keeps every
     capability (capabilities(7): the ids go to the namespace's root, not
     away from it).  A process whose ids are mapped keeps them."""
-    def unmapped(own, rows):
-        return not any(o <= own < o + n for _, o, n in rows)
-    uid_gone = unmapped(LAUNCHER_IDS[0], uid_rows)
-    gid_gone = unmapped(LAUNCHER_IDS[1], gid_rows)
+    uid_gone, gid_gone = _unmapped(uid_rows, gid_rows)
     if not uid_gone and not gid_gone:
         return
     for rows, what in ((uid_rows, "uid"), (gid_rows, "gid")):

@@ -79,8 +79,13 @@ def _rootfs(plan):
     if plan.idmap and plan.idmap[0] == "full":
         # Once the image is held (its path walked with the caller's ids,
         # which may be the only ones allowed through a 0700 bundle), and
-        # before the first file is created.
+        # before the first file is created.  A written-through image gets
+        # its mount points first, as the caller: the namespace's root may
+        # not write in a directory the host's root owns.
         from ..linux import idmap
+        if plan.spec.rootfs_mode == "rw" and idmap.caller_unmapped(plan.idmap[1],
+                                                                   plan.idmap[2]):
+            m.prepare_upper(image, image, plan.points, plan.links)
         idmap.become_mapped_root(plan.idmap[1], plan.idmap[2])
     try:
         if plan.squash:

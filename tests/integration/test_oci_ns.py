@@ -77,6 +77,15 @@ def test_userns_maps_root_to_another_host_id(work, rootfs, readonly):
                  ("pid", "ipc", "uts", "mount", "network", "user"),
                  uidMappings=rows, gidMappings=rows)
     conf["root"]["readonly"] = readonly
+    if not readonly:
+        # Written through, an image of root's without /run and /tmp: their
+        # mount points are made as the caller, before the switch (the
+        # namespace's root may not write there).  A copy of hard links.
+        image = work / "idmap-image"
+        subprocess.run(["cp", "-al", str(rootfs), str(image)], check=True)
+        shutil.rmtree(image / "tmp")
+        shutil.rmtree(image / "run")
+        conf["root"]["path"] = str(image)
     # In a bundle closed to others: the image is walked with the caller's
     # ids, before the switch.
     b = _bundle(work, f"idmap-{readonly}", conf)
