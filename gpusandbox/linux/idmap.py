@@ -99,7 +99,6 @@ def _write(path, data):
         os.close(fd)
 
 
-
 # The launcher's own ids, read where this module is first imported: in the
 # launcher (stages/parent.py imports it), before the clone, so the init (a
 # clone of it) still knows them once the new namespace shows its ids as the

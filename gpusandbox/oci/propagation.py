@@ -27,8 +27,3 @@ def of_options(opts):
             out = OPTIONS[o]
     return out
 
-
-def private_start(prop):
-    """Whether the init makes the host tree's copy private instead of a
-    slave: only when the config asks for a private root."""
-    return prop is not None and prop[0] == k.MS_PRIVATE

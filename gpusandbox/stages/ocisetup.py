@@ -148,8 +148,8 @@ def mounts(plan, rootfd, src, sysfs):
         else:
             fd = m.new_fs(mnt.fstype, mnt.data, _attrs(mnt))
         prop = getattr(mnt, "propagation", None)
-        # After move_mount the fd is the attached mount: its propagation can
-        # be set then (a detached mount has no peers to share with).
+        # After move_mount the fd is the attached mount: its propagation is
+        # set there, in this namespace's tree.
         held = os.dup(fd) if prop is not None else -1
         m.attach(fd, m.open_target(rootfd, mnt.destination, mnt.target_kind),
                  f"mounting {mnt.destination}")
@@ -228,7 +228,8 @@ def wait_start(plan, err_w, src, tty_slave=None):
     fifo = src["fifo"]
     fd = _open_for_start(fifo)
     # The startContainer hooks before the byte `start` waits for: its
-    # poststart hooks then come after them, and a failing one fails `start`.
+    # poststart hooks then come after them, and a failing startContainer
+    # hook fails `start`.
     container_hooks(plan, "startContainer", src, "/")
     os.write(fd, b"0")
     # Kept until the execve closes it: `start` reads to EOF, and a failure
