@@ -114,11 +114,21 @@ def seccomp(req):
     """The config's seccomp program, or None."""
     if not req.seccomp:
         return None
+    return seccomp_program(req.seccomp, req.extras.annotations)
+
+
+def seccomp_program(doc, annotations):
+    """An OCI config's linux.seccomp compiled (for `create` and `exec`).
+    Unknown syscall names are left out (runc's and crun's rule: profiles
+    name syscalls newer than a runtime knows) unless crun's annotation
+    run.oci.seccomp_fail_unknown_syscall (not "0") asks for a refusal."""
     from . import fastjson as json
     from ..linux import seccomp as sc
+    strict = (annotations or {}).get("run.oci.seccomp_fail_unknown_syscall") not in (None, "0")
     # The parsed document (compile_bytes would dump and parse it again,
     # through the json package), its text only to find it in the cache.
-    return sc.compile_document(req.seccomp, json.dumps(req.seccomp).encode(), "linux.seccomp")
+    return sc.compile_document(doc, json.dumps(doc).encode(), "linux.seccomp",
+                               skip_unknown=not strict)
 
 
 def premake(plan, req):

@@ -438,3 +438,26 @@ def test_delete_regex(mode, work, rootfs, test_user):
                                    "expression")
     finally:
         _oci(b, "delete", "-f", "keep", mode=mode, user=test_user)
+
+
+# -- seccomp: unknown syscall names -------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+def test_seccomp_unknown_syscall_names(mode, work, rootfs, test_user):
+    """An OCI config's syscall name the runtime does not know is left out
+    (runc's and crun's rule), the rest of the profile applies; crun's
+    annotation run.oci.seccomp_fail_unknown_syscall=1 makes it a refusal."""
+    conf = _conf(rootfs, "mkdir /dev/d 2>/dev/null && echo made || echo denied")
+    conf["linux"]["seccomp"] = {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "syscalls": [{"names": ["this_syscall_does_not_exist_12345", "mkdir", "mkdirat"],
+                      "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]}
+    b = _bundle(work, f"scunk-{mode}", conf, mode, test_user)
+    r = _oci(b, "run", "--bundle", str(b), "scunk", mode=mode, user=test_user)
+    assert (r.returncode, r.stdout.split()) == (0, ["denied"]), r.stderr
+    conf["annotations"] = {"run.oci.seccomp_fail_unknown_syscall": "1"}
+    (b / "config.json").write_text(json.dumps(conf))
+    r = _oci(b, "run", "--bundle", str(b), "scunk", mode=mode, user=test_user)
+    assert r.returncode != 0
+    assert "unknown syscall 'this_syscall_does_not_exist_12345'" in r.stderr, r.stderr
+    assert not os.listdir(b / "state")

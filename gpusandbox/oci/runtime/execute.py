@@ -96,8 +96,8 @@ def _plan(st, proc, rest_flags=()):
     plan.oci = x
     seccomp = (conf.get("linux") or {}).get("seccomp")
     if seccomp:
-        from ...linux import seccomp as sc
-        plan.seccomp = sc.compile_bytes(json.dumps(seccomp), sc.host_arch(), "linux.seccomp")
+        from ..configplan import seccomp_program
+        plan.seccomp = seccomp_program(seccomp, conf.get("annotations"))
     return plan
 
 
