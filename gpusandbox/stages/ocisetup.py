@@ -106,6 +106,21 @@ def root_propagation(plan):
         k.mount(None, "/", None, flag | (k.MS_REC if rec else 0))
 
 
+def _renumbered(fd, recursive):
+    """A fresh clone of a bind source cloned before the image was attached,
+    made now so that its mount id follows the mounts before it: since Linux
+    6.8 /proc/PID/mountinfo lists a namespace's mounts by id, and the mount
+    table then shows the config's order (runtime-spec config.md, mounts;
+    runtime-tools' mounts).  A kernel that cannot clone a detached mount
+    keeps the first clone (its order is the one of attachment there)."""
+    try:
+        fresh = m.clone_tree("", recursive=recursive, dirfd=fd)
+    except OSError:
+        return fd
+    os.close(fd)
+    return fresh
+
+
 def _own_run(plan):
     """The config's tmpfs at /run, which the init's own /run stands for."""
     for mnt in plan.oci.mounts:
@@ -143,6 +158,7 @@ def mounts(plan, rootfd, src, sysfs):
         if mnt is own_run:
             continue
         if fd is not None:
+            fd = _renumbered(fd, mnt.recursive)
             m.restrict(fd, ro=mnt.ro, nosuid=mnt.nosuid, nodev=mnt.nodev, noexec=mnt.noexec,
                        recursive=mnt.recursive)
         else:

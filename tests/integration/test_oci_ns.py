@@ -461,3 +461,21 @@ def test_seccomp_unknown_syscall_names(mode, work, rootfs, test_user):
     assert r.returncode != 0
     assert "unknown syscall 'this_syscall_does_not_exist_12345'" in r.stderr, r.stderr
     assert not os.listdir(b / "state")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mount_table_in_the_configs_order_with_binds(mode, work, rootfs, test_user):
+    """A bind mount listed between two tmpfs shows between them in
+    /proc/self/mountinfo (listed by mount id since Linux 6.8: the bind's
+    source, cloned before the image was attached, is cloned again when
+    attached)."""
+    conf = _conf(rootfs, "awk '$5 ~ /^\\/mnt\\/m[123]$/ {print $5}' /proc/self/mountinfo")
+    conf["mounts"] += [
+        {"destination": "/mnt/m1", "type": "tmpfs", "source": "tmpfs", "options": ["size=1k"]},
+        {"destination": "/mnt/m2", "type": "bind", "source": "/etc", "options": ["rbind", "ro"]},
+        {"destination": "/mnt/m3", "type": "tmpfs", "source": "tmpfs", "options": ["size=1k"]}]
+    name = f"order-{mode}"
+    b = _bundle(work, name, conf, mode, test_user)
+    r = _oci(b, "run", "--bundle", str(b), name, mode=mode, user=test_user)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["/mnt/m1", "/mnt/m2", "/mnt/m3"]
