@@ -249,8 +249,15 @@ def wait_start(plan, err_w, src, tty_slave=None):
     container_hooks(plan, "startContainer", src, "/")
     os.write(fd, b"0")
     # Kept until the execve closes it: `start` reads to EOF, and a failure
-    # before then reaches it (channel.AFTER_START).
-    channel.AFTER_START.append(fd)
+    # before then reaches it (channel.AFTER_START).  Not with a terminal:
+    # podman attaches to it once `start` has returned, and a workload that
+    # writes and ends within the command stage's few milliseconds would then
+    # be gone before the attach (`podman run -it ... tty` lost its output);
+    # a failure there reaches the terminal only, as before.
+    if tty_slave is None:
+        channel.AFTER_START.append(fd)
+    else:
+        os.close(fd)
     os.close(fifo)
     return err_w
 
