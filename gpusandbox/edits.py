@@ -164,7 +164,11 @@ class MountOp:
     """One mount operation; the fields an op does not use stay None/False."""
     __slots__ = ("op", "path", "kind", "create", "source", "ident", "recursive", "ro",
                  "nosuid", "nodev", "noexec", "fstype", "data", "target", "content",
-                 "mode", "dev_type", "major", "minor", "uid", "gid", "fd")
+                 "mode", "dev_type", "major", "minor", "uid", "gid", "fd",
+                 # (MS_* flag, recursive) set once attached (oci/propagation.py),
+                 # or None; a bind cloned again at attach time, so that its
+                 # mount id follows the mounts before it (an OCI config's)
+                 "propagation", "reclone")
 
     def __init__(self, op, path, kind="dir", **fields):
         assert op in OPS, op
@@ -174,7 +178,8 @@ class MountOp:
         self.create = True        # the target may be created in the root
         self.source = self.ident = self.fstype = self.target = self.content = None
         self.mode = self.dev_type = self.major = self.minor = self.uid = self.gid = None
-        self.fd = None
+        self.fd = self.propagation = None
+        self.reclone = False
         self.recursive = self.ro = self.nosuid = self.nodev = self.noexec = False
         self.data = ()
         for key, val in fields.items():

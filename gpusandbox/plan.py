@@ -127,6 +127,9 @@ class LaunchPlan:
                  # kernel settings of the container: [(sysctl key, value)],
                  # its NIS domain name, [(RLIMIT_*, soft, hard)], oom_score_adj
                  "sysctl", "domainname", "rlimits", "oom_score_adj",
+                 # the root's propagation after the pivot, (MS_* flag,
+                 # recursive) or None (oci/propagation.py)
+                 "rootfs_propagation",
                  # OCI hooks (the config's hooks object) and the state the
                  # init's createContainer/startContainer hooks get, or None
                  "hooks", "hook_state",
@@ -169,6 +172,7 @@ class LaunchPlan:
         self.run_tmpfs = None
         self.sysctl = ()
         self.domainname = None
+        self.rootfs_propagation = None
         self.rlimits = ()
         self.oom_score_adj = None
         self.hooks = {}
@@ -424,7 +428,7 @@ def build(spec, host_env=None):
     plan.dirs = sealed_dirs(plan)
     if spec.oci is not None:
         from .oci import configplan
-        plan.seccomp = configplan.seccomp(spec.oci.seccomp)
+        plan.seccomp = configplan.seccomp(spec.oci.seccomp, spec.oci.extras.annotations)
         configplan.premake(plan, spec.oci)
     elif spec.seccomp != "unconfined":
         from .linux import seccomp

@@ -68,8 +68,10 @@ def write_single(pid, uid_in, uid_out, gid_in, gid_out, root):
 
 def write_full(pid, uid_lines, gid_lines, root):
     """Multi-range maps: root writes them directly; a user goes through
-    newuidmap/newgidmap, which check /etc/subuid and /etc/subgid."""
-    if root:
+    newuidmap/newgidmap, which check /etc/subuid and /etc/subgid.  uid 0
+    of a user namespace (rootless podman runs its runtime so) holds
+    CAP_SETUID over the namespaces it makes, for any id its own maps."""
+    if root or os.geteuid() == 0:
         _write(f"/proc/{pid}/uid_map", _fmt(uid_lines))
         _write(f"/proc/{pid}/gid_map", _fmt(gid_lines))
         return
@@ -95,3 +97,48 @@ def _write(path, data):
         raise SandboxError(f"writing {path}", os.strerror(e.errno)) from None
     finally:
         os.close(fd)
+
+
+# The launcher's own ids, read where this module is first imported: in the
+# launcher (stages/parent.py imports it), before the clone, so the init (a
+# clone of it) still knows them once the new namespace shows its ids as the
+# overflow id.
+LAUNCHER_IDS = (os.geteuid(), os.getegid())
+
+
+def _unmapped(uid_rows, gid_rows):
+    def out(own, rows):
+        return not any(o <= own < o + n for _, o, n in rows)
+    return out(LAUNCHER_IDS[0], uid_rows), out(LAUNCHER_IDS[1], gid_rows)
+
+
+def caller_unmapped(uid_rows, gid_rows):
+    """Whether the maps leave out the launcher's uid or gid (become_mapped_root
+    then switches)."""
+    return any(_unmapped(uid_rows, gid_rows))
+
+
+def become_mapped_root(uid_rows, gid_rows):
+    """After the maps are written, a process whose own ids the new namespace
+    does not map (root mapping the container's 0 to host 1000, as podman's
+    --uidmap and --userns=auto do) becomes the namespace's 0: files it creates
+    for mount points, and the mounts it makes, then belong to an id the
+    namespace maps, where an unmapped creator gets EOVERFLOW from the kernel
+    (fs/namei.c may_create: fsuidgid_has_mapping).  The switch keeps every
+    capability (capabilities(7): the ids go to the namespace's root, not
+    away from it).  A process whose ids are mapped keeps them."""
+    uid_gone, gid_gone = _unmapped(uid_rows, gid_rows)
+    if not uid_gone and not gid_gone:
+        return
+    for rows, what in ((uid_rows, "uid"), (gid_rows, "gid")):
+        if not any(i == 0 for i, _, _ in rows):
+            raise SandboxError(f"the user namespace maps neither the caller's {what} nor {what} 0",
+                               None, f"map the container's {what} 0 in linux.{what}Mappings")
+    if gid_gone:
+        try:
+            os.setgroups([])     # the host's groups map to nothing there
+        except OSError:
+            pass
+        os.setresgid(0, 0, 0)
+    if uid_gone:
+        os.setresuid(0, 0, 0)

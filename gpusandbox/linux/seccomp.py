@@ -76,16 +76,17 @@ def compile_profile(name_or_path, arch=None, cache=True):
     return prog
 
 
-def compile_document(doc, data, where, arch=None):
+def compile_document(doc, data, where, arch=None, skip_unknown=False):
     """Compile a profile already parsed (an OCI config's linux.seccomp, as
     `create` gets it once per container), `data` its JSON text: through the
-    same per-user cache, one entry per `where`, compared byte for byte with
-    `data`; the parse and its syscall table are only paid on a miss."""
+    same per-user cache, one entry per `where` and skip_unknown (parse),
+    compared byte for byte with `data`; the parse and its syscall table are
+    only paid on a miss."""
     arch = arch or host_arch()
-    entry = _cache_entry(f"/{where}", arch, "doc-")
+    entry = _cache_entry(f"/{where}", arch, "doc-skip-" if skip_unknown else "doc-")
     prog = _cache_load(entry, data, arch) if entry else None
     if prog is None:
-        prog = assemble(parse(doc, arch, where), arch)
+        prog = assemble(parse(doc, arch, where, skip_unknown), arch)
         if entry:
             _cache_store(entry, data, arch, prog)
     return prog

@@ -27,6 +27,7 @@ from .configplan import OciRequest
 from .configprocess import CAPS, RLIMITS, cap_sets  # noqa: F401 - the callers' names
 from .configprocess import parse as parse_process
 from .configsysctl import sysctl_namespaced as _sysctl_namespaced
+from . import propagation
 
 MAX_CONFIG = 4 << 20
 
@@ -76,8 +77,9 @@ def _namespaces(linux, real_root):
         seen.add(t)
         path = _get(ns, "path", str, where)
         if path:
-            if t in ("mount", "user", "pid", "cgroup"):
-                raise _bad(where, f"joining an existing {t} namespace is not supported")
+            if t == "user":
+                raise _bad(where, "joining an existing user namespace is not supported")
+            # runc's rule: a path is joined, never made (create.py, setns(2)).
             join.append((t, path))
         else:
             flags |= NS_FLAGS[t]
@@ -98,7 +100,9 @@ def _namespaces(linux, real_root):
         if "pid" not in seen:
             raise _bad("linux.namespaces", "a rootless container needs a pid namespace",
                        "a procfs of the host's pid namespace cannot be mounted in it")
-    return flags | NS_FLAGS["cgroup"], join, "user" in seen
+    if not any(t == "cgroup" for t, _ in join):
+        flags |= NS_FLAGS["cgroup"]
+    return flags, join, "user" in seen
 
 
 def _idmaps(linux, uid, gid):
@@ -124,10 +128,6 @@ def _refuse_unknown(conf, linux, proc):
     for key in ("intelRdt", "timeOffsets"):
         if linux.get(key):
             raise _bad("linux", f"{key} is not supported")
-    if linux.get("rootfsPropagation") not in (None, "", "private", "rprivate", "slave",
-                                              "rslave"):
-        raise _bad("linux.rootfsPropagation", f"{linux['rootfsPropagation']!r} is not supported",
-                   "the container's mounts are always private (slave of the host's)")
     if linux.get("mountLabel"):
         raise _bad("linux", "mountLabel: no LSM support in gpusandbox")
     if proc.get("apparmorProfile") or proc.get("selinuxLabel"):
@@ -229,6 +229,10 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
         _sysctl_namespaced(key, val, flags, join, conf.get("domainname"), NS_FLAGS)
         sysctl.append((key, val))
     domainname = _get(conf, "domainname", str, "domainname") or None
+    rprop = _get(linux, "rootfsPropagation", str, "linux")
+    if rprop and rprop not in propagation.OPTIONS:
+        raise _bad("linux.rootfsPropagation", f"{rprop!r} is not a mount propagation",
+                   f"use one of {', '.join(sorted(propagation.OPTIONS))}")
     own_uts = flags & NS_FLAGS["uts"] or any(t == "uts" for t, _ in join)
     if domainname and not own_uts:
         raise _bad("domainname", "needs a uts namespace of the container's")
@@ -259,6 +263,7 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     req.readonly = tuple(_strs(_get(linux, "readonlyPaths", list, "linux", []),
                                "linux.readonlyPaths"))
     req.sysctl, req.domainname, req.hooks, req.hook_state = sysctl, domainname, hooks, hook_state
+    req.rootfs_propagation = propagation.OPTIONS.get(rprop)
     req.extras = x
     spec.oci = req
     return spec

@@ -10,6 +10,7 @@ import stat
 from ..imageroot import container_path
 from ..edits import MountOp
 from .configfield import _bad, _get, _strs
+from . import propagation
 
 # Mounts the init makes itself, with the same filesystem, at these places.
 SYSTEM_MOUNTS = {("/proc", "proc"), ("/sys", "sysfs"), ("/sys", "bind"), ("/dev", "tmpfs"),
@@ -17,11 +18,10 @@ SYSTEM_MOUNTS = {("/proc", "proc"), ("/sys", "sysfs"), ("/sys", "bind"), ("/dev"
                  ("/sys/fs/cgroup", "cgroup2")}
 FS_TYPES = ("tmpfs", "mqueue", "devpts", "proc", "sysfs")
 FLAG_OPTS = {"ro", "rw", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "bind", "rbind",
-             "private", "rprivate", "slave", "rslave", "relatime", "norelatime", "strictatime",
+             *propagation.OPTIONS, "relatime", "norelatime", "strictatime",
              "nostrictatime", "noatime", "atime", "nodiratime", "diratime", "sync", "async",
              "tmpcopyup", "mand", "nomand", "silent", "loud", "defaults", "norbind", "noiversion"}
-REFUSED_OPTS = {"shared", "rshared", "unbindable", "runbindable", "remount", "dirsync",
-                "idmap", "ridmap"}
+REFUSED_OPTS = {"remount", "dirsync", "idmap", "ridmap"}
 
 
 def _mount(i, ent, bundle):
@@ -40,9 +40,9 @@ def _mount(i, ent, bundle):
     for o in opts:
         if o in REFUSED_OPTS:
             raise _bad(where, f"option {o} on {dst} is not supported",
-                       "gpusandbox keeps every container mount private")
+                       "drop it: gpusandbox does not remount or id-map a container's mounts")
     flags = {"ro": "ro" in opts, "nosuid": "nosuid" in opts, "nodev": "nodev" in opts,
-             "noexec": "noexec" in opts}
+             "noexec": "noexec" in opts, "propagation": propagation.of_options(opts)}
     if bind:
         src = _get(ent, "source", str, where)
         if not src or "\0" in src:
@@ -53,7 +53,7 @@ def _mount(i, ent, bundle):
         except OSError as e:
             raise _bad(where, f"bind source {src}: {e.strerror}") from None
         return MountOp("bind", dst, "dir" if stat.S_ISDIR(st.st_mode) else "file", source=src,
-                       recursive="rbind" in opts, **flags)
+                       recursive="rbind" in opts, reclone=True, **flags)
     if typ not in FS_TYPES:
         raise _bad(where, f"filesystem type {typ!r} at {dst} is not supported",
                    f"use a bind mount or one of {', '.join(FS_TYPES)}")

@@ -35,6 +35,8 @@ class OciRequest:
         "masked", "readonly",
         # [(key, value)] of linux.sysctl; the domain name, or None
         "sysctl", "domainname",
+        # (MS_* flag, recursive) of linux.rootfsPropagation, or None
+        "rootfs_propagation",
         # the hooks object; the OCI state createContainer/startContainer
         # hooks get (None: no such hook)
         "hooks", "hook_state",
@@ -103,6 +105,7 @@ def identity(plan, req):
     # Applied by `create` to itself before the clone: the init inherits them.
     plan.rlimits, plan.oom_score_adj = req.process.rlimits, req.process.oom_score_adj
     plan.sysctl, plan.domainname = req.sysctl, req.domainname
+    plan.rootfs_propagation = req.rootfs_propagation
     plan.hooks, plan.hook_state = req.hooks, req.hook_state
 
 
@@ -145,16 +148,21 @@ def mounts(plan, req):
     return [op for op in ops if op is not plan.run_tmpfs]
 
 
-def seccomp(doc):
+def seccomp(doc, annotations=None):
     """The program of a config's linux.seccomp document (the container's, for
-    `create` and `exec` alike), or None."""
+    `create` and `exec` alike), or None.  Unknown syscall names are left out
+    (runc's and crun's rule: profiles name syscalls newer than a runtime
+    knows) unless crun's annotation run.oci.seccomp_fail_unknown_syscall
+    (not "0") asks for a refusal."""
     if not doc:
         return None
     from . import fastjson as json
     from ..linux import seccomp as sc
+    strict = (annotations or {}).get("run.oci.seccomp_fail_unknown_syscall") not in (None, "0")
     # The parsed document (compile_bytes would dump and parse it again,
     # through the json package), its text only to find it in the cache.
-    return sc.compile_document(doc, json.dumps(doc).encode(), "linux.seccomp")
+    return sc.compile_document(doc, json.dumps(doc).encode(), "linux.seccomp",
+                               skip_unknown=not strict)
 
 
 def premake(plan, req):

@@ -13,10 +13,22 @@ SEP = "\x1f"
 # Set in a detached (OCI) init once its `create` has gone: failures are then
 # written as text to the container's own stderr, where conmon logs them.
 PLAIN = []
+# Set in an OCI init after `start`: the exec fifo's write end (CLOEXEC),
+# held until the execve, on which a setup failure (exit 125) is also written
+# as one line for `start`, which reads the fifo to EOF (oci/runtime/ops.py,
+# bin/gpusandbox-oci).  The workload's own 126 and 127 are its status.
+AFTER_START = []
 
 
 def fail(err_w, code, what, why, hint=None):
     rec = f"{code}{SEP}{what}{SEP}{why or ''}{SEP}{hint or ''}\n"
+    if AFTER_START and code == 125:
+        from ..errors import SandboxError, printable
+        try:
+            os.write(AFTER_START[0], (printable(SandboxError(what, why).line()) + "\n")
+                     .encode("utf-8", "replace"))
+        except OSError:
+            pass
     if PLAIN:
         from ..errors import SandboxError, message
         rec = message(SandboxError(what, why, hint))

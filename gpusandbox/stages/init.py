@@ -67,6 +67,17 @@ def _rootfs(plan):
     attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
     image = _image_fd(plan)
     lower = image
+    if plan.idmap and plan.idmap[0] == "full":
+        # Once the image is held (its path walked with the caller's ids,
+        # which may be the only ones allowed through a 0700 bundle), and
+        # before the first file is created.  A written-through image gets
+        # its mount points first, as the caller: the namespace's root may
+        # not write in a directory the host's root owns.
+        from ..linux import idmap
+        if plan.spec.rootfs_mode == "rw" and idmap.caller_unmapped(plan.idmap[1],
+                                                                   plan.idmap[2]):
+            m.prepare_upper(image, image, plan.points, plan.links)
+        idmap.become_mapped_root(plan.idmap[1], plan.idmap[2])
     try:
         if plan.squash:
             # A squashfs image: its detached mount (held fd) is attached over
@@ -213,7 +224,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             # reaped here, and killed by the pod's keeper once this exits.
             k.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
         step = "making the mount tree private"
-        k.mount(None, "/", None, k.MS_REC | k.MS_SLAVE)
+        k.mount(None, "/", None, k.MS_REC | ocisetup.start_propagation(plan))
         step = "opening host sources"
         src = _open_sources(plan)
         fds = mountexec.open_sources(plan.mounts)
@@ -260,6 +271,9 @@ def run(plan, go_r, err_w, tty_sock, wait):
         step = "pivoting into the root filesystem"
         _pivot(rootfd)
         os.close(rootfd)
+        if plan.rootfs_propagation is not None:
+            step = "setting the root's propagation"
+            ocisetup.root_propagation(plan)
         tty_slave = None
         if tty_sock is not None:
             step = "allocating the terminal"

@@ -50,6 +50,9 @@ class Kernel:
     def mount_setattr(self, fd, attrs, recursive):
         k.mount_setattr(fd, attrs, recursive)
 
+    def set_propagation(self, fd, flag, recursive):
+        k.mount_setattr(fd, 0, recursive=recursive, propagation=flag)
+
     # Files in the root, each relative to a directory fd of it.
     def symlink(self, target, name, dirfd):
         os.symlink(target, name, dir_fd=dirfd)
@@ -93,6 +96,9 @@ class Kernel:
 
     def close(self, fd):
         os.close(fd)
+
+    def dup(self, fd):
+        return os.dup(fd)
 
     # Namespaces and names.
     def unshare(self, flags):
@@ -151,16 +157,19 @@ def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL):
         for i, (op, fd) in enumerate(zip(ops, fds)):
             kind = op.op
             if kind == "bind":
+                if op.reclone:
+                    fd = _renumbered(kern, fd, op.recursive)
                 kern.restrict(fd, ro=op.ro, nosuid=op.nosuid, nodev=op.nodev,
                               noexec=op.noexec, recursive=op.recursive)
-                kern.attach(fd, _target(kern, rootfd, op), f"binding {op.source} at {op.path}")
+                _attach(kern, fd, _target(kern, rootfd, op), op,
+                        f"binding {op.source} at {op.path}")
             elif kind == "node":
                 kern.restrict(fd, ro=False, nosuid=op.nosuid, nodev=False, recursive=False)
                 kern.attach(fd, _target(kern, rootfd, op), f"binding device {op.source}")
             elif kind == "fs":
                 new = kern.new_fs(op.fstype, op.data, _attrs(op))
-                kern.attach(new, _target(kern, rootfd, op),
-                            f"mounting {op.fstype} at {op.path}")
+                _attach(kern, new, _target(kern, rootfd, op), op,
+                        f"mounting {op.fstype} at {op.path}")
             elif kind == "symlink":
                 _symlink(kern, rootfd, op)
             elif kind == "file":
@@ -184,6 +193,35 @@ def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL):
     finally:
         if stage is not None:
             kern.close(stage)
+
+
+def _attach(kern, fd, target, op, what):
+    """Attach fd at target, then give the attached mount op's propagation
+    (after move_mount the fd is that mount, in this namespace's tree)."""
+    if op.propagation is None:
+        kern.attach(fd, target, what)
+        return
+    held = kern.dup(fd)
+    try:
+        kern.attach(fd, target, what)
+        kern.set_propagation(held, op.propagation[0], op.propagation[1])
+    finally:
+        kern.close(held)
+
+
+def _renumbered(kern, fd, recursive):
+    """A fresh clone of a bind source cloned before the image was attached,
+    made now so that its mount id follows the mounts before it: since Linux
+    6.8 /proc/PID/mountinfo lists a namespace's mounts by id, and the mount
+    table then shows the config's order (runtime-spec config.md, mounts;
+    runtime-tools' mounts).  A kernel that cannot clone a detached mount
+    keeps the first clone (its order is the one of attachment there)."""
+    try:
+        fresh = kern.clone_tree("", recursive=recursive, dirfd=fd)
+    except OSError:
+        return fd
+    kern.close(fd)
+    return fresh
 
 
 def _symlink(kern, rootfd, op):

@@ -65,19 +65,35 @@ def container_hooks(plan, stage, pid, cwd=None):
     pivot: the paths are the runtime's, cwd the bundle) and startContainer
     hooks (after `start`, in the container's root, before the workload):
     run by the init, in the container's namespaces, with the OCI state on
-    stdin (runtime-spec config.md; status creating, then created, as runc
-    has them).  A failing one fails the container."""
+    stdin (runtime-spec config.md; status created for both, as crun's
+    test_in_container_hooks_state expects).  A failing one fails the
+    container."""
     hooks = plan.hooks.get(stage) if plan.hook_state else None
     if not hooks:
         return
     from ..oci.runtime import hooks as runner   # loaded by `create` before the clone
     from ..errors import SandboxError
-    state = dict(plan.hook_state, pid=pid,
-                 status="creating" if stage == "createContainer" else "created")
+    state = dict(plan.hook_state, pid=pid)
     try:
         runner.run(plan.hooks, (stage,), state, None, cwd=cwd)
     except SandboxError as e:
         raise OSError(0, e.line()) from None    # the init reports an OSError's text as is
+
+
+def start_propagation(plan):
+    """MS_SLAVE for the init's copy of the host's tree (host mounts still
+    reach the container's binds, nothing goes back), MS_PRIVATE when an OCI
+    config asks for a private root (oci/propagation.py)."""
+    prop = plan.rootfs_propagation
+    return k.MS_PRIVATE if prop is not None and prop[0] == k.MS_PRIVATE else k.MS_SLAVE
+
+
+def root_propagation(plan):
+    """linux.rootfsPropagation on the container's root, after the pivot."""
+    prop = plan.rootfs_propagation
+    if prop is not None:
+        flag, rec = prop
+        k.mount(None, "/", None, flag | (k.MS_REC if rec else 0))
 
 
 def kernel_settings(plan, rootfd, kern):
@@ -110,10 +126,20 @@ def wait_start(plan, err_w, src, tty_slave=None):
     fifo = src["fifo"]
     fd = _open_for_start(fifo)
     # The startContainer hooks before the byte `start` waits for: its
-    # poststart hooks then come after them, and a failing one fails `start`.
+    # poststart hooks then come after them, and a failing startContainer
+    # hook fails `start`.
     container_hooks(plan, "startContainer", src["pid"], "/")
     os.write(fd, b"0")
-    os.close(fd)
+    # Kept until the execve closes it: `start` reads to EOF, and a failure
+    # before then reaches it (channel.AFTER_START).  Not with a terminal:
+    # podman attaches to it once `start` has returned, and a workload that
+    # writes and ends within the command stage's few milliseconds would then
+    # be gone before the attach (`podman run -it ... tty` lost its output);
+    # a failure there reaches the terminal only, as before.
+    if tty_slave is None:
+        channel.AFTER_START.append(fd)
+    else:
+        os.close(fd)
     os.close(fifo)
     return err_w
 

@@ -109,10 +109,10 @@ def sysfs(plan, rootfd, src, fresh=False, kern=KERNEL):
                          | k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
         kern.attach(empty, target, f"covering {path}")
     if plan.own_cgroup:
-        _cgroup_view(rootfd, plan.own_cgroup, kern)
+        _cgroup_view(rootfd, plan.own_cgroup, plan.clone_flags & k.CLONE_NEWCGROUP, kern)
 
 
-def _cgroup_view(rootfd, view=True, kern=KERNEL):
+def _cgroup_view(rootfd, view=True, own_ns=True, kern=KERNEL):
     """/sys/fs/cgroup: a fresh cgroup2 mount, read-only.  It is made inside the
     sandbox's cgroup namespace, whose root is the sandbox's own leaf, so it
     shows that leaf and nothing above it (cgroup_namespaces(7)); hybrid hosts
@@ -122,8 +122,11 @@ def _cgroup_view(rootfd, view=True, kern=KERNEL):
     which may be the host's root cgroup, so /sys/fs/cgroup stays sysfs's
     empty directory, as it does when the kernel refuses the mount."""
     # The namespace root is the cgroup this process was in at clone time; a
-    # new namespace here pins it to the leaf whatever clone3 did first.
-    kern.unshare(k.CLONE_NEWCGROUP)
+    # new namespace here pins it to the leaf whatever clone3 did first.  A
+    # cgroup namespace joined by path (an OCI config's) is kept: the view is
+    # its root's, as runc's.
+    if own_ns:
+        kern.unshare(k.CLONE_NEWCGROUP)
     if view is not True:
         return _cgroup_v1_view(rootfd, view, kern)
     try:

@@ -145,7 +145,7 @@ def test_process_settings_hooks_and_pid1(mode, oci_env, rootfs, test_user):
     assert {"nosuid", "noexec"} <= set(out["devnull"])
     assert out["order"] == ["/dev/mqueue", "/sys"]
     state = json.loads((bundle / "created").read_text())
-    assert (state["id"], state["status"], state["bundle"]) == (f"f2-{mode}", "creating",
+    assert (state["id"], state["status"], state["bundle"]) == (f"f2-{mode}", "created",
                                                                str(bundle))
     assert state["pid"] > 1
 

@@ -107,12 +107,15 @@ def test_hooks_in_the_spec_order(mode, hook_dir, rootfs, test_user):
     assert pid > 1
     # The runtime's namespace, during create, before the pivot: the init's
     # root is still the host's, its mount namespace already its own.
-    for x in (pre, crt):
-        assert (x["status"], x["pid"], x["host_root"]) == ("creating", pid, True)
+    # prestart sees it created (runtime-tools' hooks_stdin), createRuntime
+    # creating (runc's).
+    for x, status in ((pre, "created"), (crt, "creating")):
+        assert (x["status"], x["pid"], x["host_root"]) == (status, pid, True)
         assert x["mnt"] == os.readlink("/proc/self/ns/mnt") != x["init_mnt"]
         assert {"mnt", "pid", "uts", "ipc"} <= set(x["init_ns"])
-    # createContainer: in the init's mount namespace, still creating.
-    assert (cc["status"], cc["pid"], cc["mnt"]) == ("creating", pid, pre["init_mnt"])
+    # createContainer: in the init's mount namespace, created (crun's
+    # test_in_container_hooks_state).
+    assert (cc["status"], cc["pid"], cc["mnt"]) == ("created", pid, pre["init_mnt"])
     assert (sc["status"], sc["pid"], sc["mnt"]) == ("created", pid, pre["init_mnt"])
     assert (ps["status"], ps["pid"]) == ("running", pid)
     assert stop["status"] == "stopped"

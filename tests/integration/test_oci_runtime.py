@@ -101,7 +101,7 @@ def test_lifecycle_with_a_caller_as_subreaper(mode, oci_dirs, rootfs, test_user)
                                             "ro-root"]
     # Hooks got the state on stdin: prestart at create, poststop at delete.
     hook_state, stopped = hook_file.read_text().splitlines()
-    assert json.loads(hook_state)["status"] == "creating" and stopped == "stopped"
+    assert json.loads(hook_state)["status"] == "created" and stopped == "stopped"
 
 
 def test_errors_for_callers(cli, oci_dirs, rootfs, test_user):

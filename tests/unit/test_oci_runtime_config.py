@@ -77,12 +77,12 @@ def test_translation(tmp_path):
      "joining an existing user namespace"),
     ("mounts", [{"destination": "/x", "type": "nfs", "source": "h:/x"}],
      "filesystem type 'nfs'"),
-    ("mounts", [{"destination": "/x", "type": "bind", "source": "/", "options": ["rshared"]}],
-     "option rshared"),
+    ("mounts", [{"destination": "/x", "type": "bind", "source": "/", "options": ["remount"]}],
+     "option remount"),
     ("linux.sysctl", {"../../x": "1"}, "invalid key"),
     ("process.capabilities", {"effective": ["CAP_NOPE"]}, "unknown capability"),
     ("ociVersion", "0.9", "not a 1.x version"),
-    ("linux.rootfsPropagation", "shared", "'shared' is not supported"),
+    ("linux.rootfsPropagation", "rsharedd", "'rsharedd' is not a mount propagation"),
     ("linux.seccomp", {"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/x"},
      "listenerPath and flags"),
     ("linux.devices", [{"path": "/dev/sda", "type": "q", "major": 8, "minor": 0}],
@@ -93,6 +93,34 @@ def test_refusals(tmp_path, path, value, why):
     with pytest.raises(UsageError) as e:
         _load(tmp_path, **{path: value})
     assert why in e.value.line()
+
+
+def test_propagation_and_namespaces_by_path(tmp_path):
+    """Propagation as (MS_* flag, recursive): the root's and each mount's
+    last option; pid, mount and cgroup namespaces with a path are joined,
+    not made (no clone flag, and no cgroup namespace of the runtime's)."""
+    from gpusandbox.linux import sys as k
+    spec = _load(tmp_path, **{
+        "linux.rootfsPropagation": "rshared",
+        "mounts": [{"destination": "/x", "type": "bind", "source": "/",
+                    "options": ["rbind", "rprivate", "slave"]},
+                   {"destination": "/y", "type": "tmpfs", "source": "tmpfs",
+                    "options": ["unbindable", "size=1m"]}],
+        "linux.namespaces": [{"type": "pid", "path": "/proc/1/ns/pid"}, {"type": "ipc"},
+                             {"type": "network"},
+                             {"type": "mount", "path": "/proc/1/ns/mnt"},
+                             {"type": "cgroup", "path": "/proc/1/ns/cgroup"}]})
+    req = spec.oci
+    x = req.extras
+    assert x.rootfs_propagation == (k.MS_SHARED, True)
+    assert [m.propagation for m in x.mounts] == [(k.MS_SLAVE, False),
+                                                 (k.MS_UNBINDABLE, False)]
+    assert x.mounts[1].data == ("source=tmpfs", "size=1m")
+    assert x.ns_join == [("pid", "/proc/1/ns/pid"), ("mount", "/proc/1/ns/mnt"),
+                         ("cgroup", "/proc/1/ns/cgroup")]
+    flags = req.flags
+    assert flags & k.CLONE_NEWIPC
+    assert not flags & (k.CLONE_NEWPID | k.CLONE_NEWNS | k.CLONE_NEWCGROUP)
 
 
 def test_devices_without_mknod():

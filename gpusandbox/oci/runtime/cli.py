@@ -23,7 +23,7 @@ through gpusandbox's setup (also `gpusandbox oci`).  See docs/oci.md.
 commands:
   create --bundle DIR [--pid-file F] [--console-socket S] [--preserve-fds N] ID
   start ID            state ID            kill ID [SIGNAL] [--all]
-  delete [--force] ID run --bundle DIR ID [--detach]
+  delete [--force] [--regex] ID|RE        run --bundle DIR ID [--detach]
   exec [--process F] [--tty] [--console-socket S] [--pid-file F] [--detach] ID [CMD...]
   pause ID            resume ID           ps [--format json] ID
   update [--memory N] [--memory-swap N] [--memory-reservation N] [--pids-limit N]
@@ -189,9 +189,13 @@ def _dispatch(cmd, rest, given_root, log):
         return ops.kill(root, _id(pos, cmd), pos[1] if len(pos) > 1 else "TERM",
                         _truthy(opts, "--all") or _truthy(opts, "-a"))
     if cmd == "delete":
-        opts, pos = _split(rest, set(), {"--force", "-f"})
-        return ops.delete(root, _id(pos, cmd), _truthy(opts, "--force") or _truthy(opts, "-f"),
-                          log)
+        opts, pos = _split(rest, set(), {"--force", "-f", "--regex", "-r"})
+        force = _truthy(opts, "--force") or _truthy(opts, "-f")
+        if _truthy(opts, "--regex") or _truthy(opts, "-r"):
+            if len(pos) != 1:
+                raise SandboxError("delete --regex: one regular expression is required")
+            return ops.delete_matching(root, pos[0], force, log)
+        return ops.delete(root, _id(pos, cmd), force, log)
     if cmd in ("pause", "resume"):
         return ops.freeze(root, _id(rest, cmd), cmd == "pause")
     if cmd == "ps":

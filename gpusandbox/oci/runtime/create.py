@@ -43,6 +43,43 @@ def _setns(join):
         host.close_ns(fds)
 
 
+# Joined by path for the init only, around its clone: this process keeps its
+# own mount tree (the state directory, the cgroup tree), cgroup view (its
+# leaf is found through /proc/self/cgroup) and pid namespace for the hooks'
+# children (setns(2) of pid sets only pid_for_children).
+LATE = ("pid", "cgroup", "mount")
+
+
+class _Late:
+    """setns(2) into the config's pid, cgroup and mount namespaces given by
+    path, then back into this process's own on exit (and its working
+    directory, which setns of a mount namespace moves to its root)."""
+
+    def __init__(self, join):
+        self.join = [(t, p) for t, p in join if t in LATE]
+        self.own, self.cwd = [], -1
+
+    def __enter__(self):
+        if not self.join:
+            return self
+        self.cwd = os.open(".", os.O_PATH | os.O_CLOEXEC)
+        self.own = host.open_ns(os.getpid(), [t for t, _ in self.join], skip_own=False)
+        _setns(self.join)
+        return self
+
+    def __exit__(self, *exc):
+        if not self.join:
+            return
+        try:
+            host.join_ns(self.own)
+            os.fchdir(self.cwd)
+        except OSError as e:
+            raise SandboxError("returning from the joined namespaces", e.strerror) from None
+        finally:
+            host.close_ns(self.own)
+            os.close(self.cwd)
+
+
 def _rlimits(plan):
     import resource
     for res, soft, hard in plan.rlimits:
@@ -118,7 +155,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         if plan.hook_state:
             from . import hooks  # noqa: F401 - run by the init, a clone of this process
         _rlimits(plan)
-        _setns(x.ns_join)
+        _setns([(t, p) for t, p in x.ns_join if t not in LATE])
         if spec.hostname and any(t == "uts" for t, _ in x.ns_join):
             # A uts namespace given by path is the container's: its hostname
             # is set there (the init sets it only in a new one), as runc does.
@@ -148,7 +185,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         v1_join = cg.needs_join
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        pid, _, go_w, err_r = parent.spawn_init(plan, cg, tty, wait)
+        with _Late(x.ns_join):
+            pid, _, go_w, err_r = parent.spawn_init(plan, cg, tty, wait)
         child = pid
         parent._write_maps(plan, pid)
         if v1_join:
@@ -162,10 +200,14 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             from ...stages.ocisetup import HOOKS
             from . import hooks     # subprocess: only when there are hooks to run
             _wait_ready(err_r, HOOKS)
-            hooks.run(plan.hooks, ("prestart", "createRuntime"), {
-                "ociVersion": "1.0.2", "id": cid, "status": "creating", "pid": pid,
-                "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs, "created": created,
-                "owner": "", "annotations": x.annotations}, log)
+            hstate = {"ociVersion": "1.0.2", "id": cid, "status": "created", "pid": pid,
+                      "bundle": os.path.abspath(bundle), "rootfs": plan.rootfs,
+                      "created": created, "owner": "", "annotations": x.annotations}
+            # prestart (deprecated, once run by `start`) sees the container
+            # created, as runtime-tools' hooks_stdin expects; createRuntime
+            # sees it creating, as runc has both.
+            hooks.run(plan.hooks, ("prestart",), hstate, log)
+            hooks.run(plan.hooks, ("createRuntime",), dict(hstate, status="creating"), log)
             os.write(go_w, b"H")
         if tty:
             _, fds, _, _ = socket.recv_fds(tty[0], 1, 1)

@@ -104,7 +104,8 @@ def _plan(st, proc, nnp_flag=False, where="exec"):
     configplan.process(plan, pr, host.setgroups_denied(st["pid"]))
     plan.no_new_privs = pr.nnp or nnp_flag
     linux = _get(conf, "linux", dict, "linux", {})
-    plan.seccomp = configplan.seccomp(_get(linux, "seccomp", dict, "linux"))
+    plan.seccomp = configplan.seccomp(_get(linux, "seccomp", dict, "linux"),
+                                      _get(conf, "annotations", dict, "annotations", {}))
     return plan
 
 

@@ -1,7 +1,9 @@
 """OCI hooks (runtime-spec config.md, POSIX-platform hooks): each is run
 with the container's state JSON on stdin, its own args and env, and an
-optional timeout; a failing createRuntime/prestart/poststart hook fails the
-operation, a failing poststop hook is only logged (the spec's rule)."""
+optional timeout; a failing prestart/createRuntime/createContainer/
+startContainer hook fails the operation, a failing poststart or poststop
+hook is only logged (runtime-spec runtime.md, Lifecycle: "log a warning,
+but the remaining hooks and lifecycle continue")."""
 import json
 import os
 import subprocess
@@ -28,11 +30,22 @@ def _outputs(annotations):
     return out
 
 
+def _env(h):
+    """A hook's `env` is its whole environment; a hook without one inherits
+    the runtime's (runc: Go's exec.Cmd with a nil Env; crun's
+    test_hook_env_inherit), the caller's own variables, PATH among them."""
+    if h.get("env") is None:
+        return None
+    return dict(e.split("=", 1) for e in h["env"] if isinstance(e, str) and "=" in e)
+
+
 def run(hooks, stages, public_state, log, fatal=True, cwd=None):
+    """Runs the hooks of `stages` in order; the first failure raises when
+    `fatal`, else each is logged as a warning and returned, as lines."""
     data = json.dumps(public_state).encode()
     box = [None]     # the output files, opened for the first hook that runs
     try:
-        _run(hooks, stages, data, log, fatal, cwd, public_state, box)
+        return _run(hooks, stages, data, log, fatal, cwd, public_state, box)
     finally:
         for fd in box[0] or ():
             if fd != subprocess.PIPE:
@@ -40,12 +53,13 @@ def run(hooks, stages, public_state, log, fatal=True, cwd=None):
 
 
 def _run(hooks, stages, data, log, fatal, cwd, public_state, box):
+    failed = []
     for stage in stages:
         for i, h in enumerate((hooks or {}).get(stage) or []):
             if not isinstance(h, dict) or not isinstance(h.get("path"), str):
                 raise SandboxError(f"hooks.{stage}[{i}]", "needs a path")
             argv = h.get("args") or [h["path"]]
-            env = dict(e.split("=", 1) for e in (h.get("env") or []) if "=" in e)
+            env = _env(h)
             if box[0] is None:
                 box[0] = _outputs(public_state.get("annotations"))
             redirect = box[0]
@@ -64,3 +78,5 @@ def _run(hooks, stages, data, log, fatal, cwd, public_state, box):
                 if fatal:
                     raise err
                 log.warn(err.line())
+                failed.append(err.line())
+    return failed

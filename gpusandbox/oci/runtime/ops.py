@@ -73,6 +73,7 @@ def start(root, cid, log):
     if pfd is None:
         raise SandboxError("cannot start a container that has stopped")
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    late = b""
     try:
         while True:
             ready, _, _ = select.select([fd, pfd], [], [])
@@ -94,13 +95,31 @@ def start(root, cid, log):
                                        "failed or the init was killed")
                 raise SandboxError("cannot start a container that has stopped",
                                    "its init exited before start")
+        # The init holds its end until its execve (or its end): what it
+        # writes before is a setup failure after `create` (capset, seccomp),
+        # one line (stages/channel.py AFTER_START).
+        while True:
+            select.select([fd], [], [])
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            late += chunk
     finally:
         os.close(fd)
         os.close(pfd)
     os.unlink(fifo)
+    if late:
+        raise SandboxError(late.decode("utf-8", "replace").strip().splitlines()[0])
     if (st.get("hooks") or {}).get("poststart"):
         from . import hooks     # subprocess: only when there are hooks to run
-        hooks.run(st.get("hooks"), ("poststart",), poststart_state(st), log)
+        # A failing one is a warning: the container runs on (runtime-spec
+        # runtime.md, Lifecycle), and `start` succeeds.
+        for line in hooks.run(st.get("hooks"), ("poststart",), poststart_state(st), log,
+                              fatal=False):
+            sys.stderr.write(f"gpusandbox: warning: {line}\n")
     return 0
 
 
@@ -193,6 +212,37 @@ def delete(root, cid, force, log):
         except OSError:
             pass
     os.rmdir(d)
+    return 0
+
+
+def delete_matching(root, pattern, force, log):
+    """crun's `delete --regex RE`: every container of the root whose id RE
+    matches (a search, as regexec(3) does), each as `delete` would; the
+    first failure is reported once all were tried."""
+    import re
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise SandboxError(f"delete --regex {pattern!r}", f"not a regular expression: {e}",
+                           "quote it for the shell, e.g. 'test-.*'") from None
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        names = []
+    first = None
+    for name in names:
+        try:
+            state.check_id(name)
+        except SandboxError:
+            continue        # not a container's directory
+        if not rx.search(name):
+            continue
+        try:
+            delete(root, name, force, log)
+        except (SandboxError, OSError) as e:
+            first = first or e
+    if first is not None:
+        raise first
     return 0
 
 
