@@ -7,6 +7,7 @@ import json
 
 from gpusandbox import plan as planmod
 from gpusandbox.cli import parse_run_args
+from gpusandbox.linux import sys as k
 from gpusandbox.oci import config as oc
 from gpusandbox.stages import init, mountexec
 from gpusandbox.stages.mountexec import Kernel
@@ -32,6 +33,9 @@ class Recorder(Kernel):
         return self._fd(fstype)
 
     def clone_tree(self, source, recursive=True, dirfd=None):
+        if not source and self.fds.get(dirfd, "").startswith("bind "):
+            self.log.append(("reclone", self.fds[dirfd]))
+            return self._fd(self.fds[dirfd])      # a detached mount cloned again
         return self._fd("bind " + (source or self.fds.get(dirfd, "?")))
 
     def clone_source(self, host_path, ident):
@@ -52,6 +56,12 @@ class Recorder(Kernel):
 
     def mount_setattr(self, fd, attrs, recursive):
         self.log.append(("seal", self.fds[fd], attrs))
+
+    def set_propagation(self, fd, flag, recursive):
+        self.log.append(("propagation", self.fds[fd], flag, recursive))
+
+    def dup(self, fd):
+        return self._fd(self.fds[fd])
 
     def symlink(self, target, name, dirfd):
         self.log.append(("symlink", f"{self.fds[dirfd]}/{name}", target))
@@ -127,7 +137,7 @@ def test_an_oci_config_in_its_order_sys_among_its_mounts_then_its_settings(tmp_p
             "mounts": [{"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"},
                        {"destination": "/sys", "type": "sysfs", "source": "sysfs"},
                        {"destination": "/src", "type": "bind", "source": "src",
-                        "options": ["rbind", "ro"]}],
+                        "options": ["rbind", "ro", "rslave"]}],
             "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "user", "uts",
                                                             "ipc")],
                       "uidMappings": [{"containerID": 0, "hostID": 0, "size": 1}],
@@ -149,6 +159,12 @@ def test_an_oci_config_in_its_order_sys_among_its_mounts_then_its_settings(tmp_p
         # A config's masked path is tried as a file, then as a directory
         # (the double has every path of both kinds).
         ("/proc/kcore", "bind dev/null"), ("/proc/kcore", "tmpfs")]
+    # The bind cloned again just before it is attached (its mount id then
+    # follows the mounts before it), its propagation set once attached.
+    src = f"bind {tmp_path}/src"
+    at = log.index(("mount", "/src", src + " ro"))
+    assert log[at - 1] == ("reclone", src) or ("reclone", src) in log[:at]
+    assert log[at + 1] == ("propagation", src + " ro", k.MS_SLAVE, True)
     settings = [e for e in log if e[0] in ("domainname", "write")]
     assert settings == [("domainname", b"example"),
                         ("write", "/proc/sys/kernel/msgmax", b"4096")]

@@ -112,10 +112,10 @@ def test_propagation_and_namespaces_by_path(tmp_path):
                              {"type": "cgroup", "path": "/proc/1/ns/cgroup"}]})
     req = spec.oci
     x = req.extras
-    assert x.rootfs_propagation == (k.MS_SHARED, True)
-    assert [m.propagation for m in x.mounts] == [(k.MS_SLAVE, False),
-                                                 (k.MS_UNBINDABLE, False)]
-    assert x.mounts[1].data == ("source=tmpfs", "size=1m")
+    assert req.rootfs_propagation == (k.MS_SHARED, True)
+    assert [m.propagation for m in req.mounts] == [(k.MS_SLAVE, False),
+                                                   (k.MS_UNBINDABLE, False)]
+    assert req.mounts[1].data == ("source=tmpfs", "size=1m")
     assert x.ns_join == [("pid", "/proc/1/ns/pid"), ("mount", "/proc/1/ns/mnt"),
                          ("cgroup", "/proc/1/ns/cgroup")]
     flags = req.flags
