@@ -11,7 +11,8 @@ looked up.
   source is missing is skipped), then the home when mount-home, then -v;
 - every bind source (configured or -v) is checked against forbid-binds;
 - --shm-size, --memory, --gpu-memory against the site's upper bounds;
-- a registry or store image against allowed-images / denied-images.
+- a registry or store image against allowed-images / denied-images
+  (imagepolicy.py, which the pull asks again for the name a search resolved).
 
 Everything here reads the caller's own identity from the kernel and
 passwd, never from a variable: {home} and {user} of a site mount name the
@@ -21,6 +22,7 @@ import os
 from .errors import UsageError
 from . import settings as settingsmod
 from .spec import Bind
+from .imagepolicy import check_image  # noqa: F401  (run's door)
 
 # key -> RunSpec attribute of its option, and the value the parser leaves
 # when the option is not given.
@@ -186,22 +188,3 @@ def _bounds(spec, s):
         if got > cap:
             raise UsageError(f"{opt} {asked}: more than the site allows",
                              f"at most {limit} ({s.lookup(name)[1]})", f"ask for {limit} or less")
-
-
-def check_image(name, s=None):
-    """Refuse a registry or store image (its canonical HOST/REPO[:TAG][@DIGEST])
-    that allowed-images does not match or denied-images does."""
-    s = s or settingsmod.current()
-    deny, allow = s.get("denied-images"), s.get("allowed-images")
-    if not deny and not allow:
-        return
-    from fnmatch import fnmatchcase
-    for pat in deny:
-        if fnmatchcase(name, pat):
-            raise UsageError(f"image {name}: denied by the site",
-                             f"matches {pat!r} of denied-images ({s.lookup('denied-images')[1]})",
-                             "use another image")
-    if allow and not any(fnmatchcase(name, p) for p in allow):
-        raise UsageError(f"image {name}: not among the images the site allows",
-                         f"allowed-images ({s.lookup('allowed-images')[1]})",
-                         "allowed: " + ", ".join(allow[:4]) + (" ..." if len(allow) > 4 else ""))
