@@ -237,3 +237,31 @@ def test_docs_table_is_the_key_table():
     text = (REPO / "docs/config.md").read_text()
     rows = re.findall(r"^\| `([a-z-]+)` \|", text, re.M)
     assert rows == list(settings.KEYS)
+
+
+def test_doctor_config_section(tmp_path):
+    from gpusandbox.doctor.config import check_config
+    etc = tmp_path / "etc"
+    f = _write(etc / "gpusandbox/gpusandbox.conf", f'''lock = ["network"]
+forbid-binds = ["{tmp_path}/secret"]
+[[mounts]]
+source = "{tmp_path}/secret"
+[[mounts]]
+source = "{tmp_path}/nothing"
+optional = true
+[[mounts]]
+source = "{tmp_path}/absent"
+''')
+    (tmp_path / "secret").mkdir()
+    bad = _write(etc / "gpusandbox/conf.d/x.conf", 'network = "host"\n', 0o666)
+    got = {c.name: (c.status, c.detail) for c in check_config({"HOME": str(tmp_path)}, str(etc))}
+    assert got[str(f)] == ("pass", "2 key(s), locks network")     # forbid-binds, mounts
+    assert got[str(bad)] == ("warn", "mode 0666 lets others write to it "
+                             f"(chown root:root {bad}; chmod go-w {bad})")
+    assert got[f"mount {tmp_path}/secret"][0] == "fail"
+    assert got[f"mount {tmp_path}/nothing"] == ("pass", "source missing: skipped (optional)")
+    assert got[f"mount {tmp_path}/absent"] == ("fail", "source missing")
+    assert got["lock network"] == ("pass", f"network = the built-in default ({f})")
+    _write(f, "bogus = 1\n")
+    got = {c.name: (c.status, c.detail) for c in check_config({"HOME": str(tmp_path)}, str(etc))}
+    assert got[str(f)] == ("fail", f"{f}:1: unknown key 'bogus'")
