@@ -338,8 +338,10 @@ def report(err, out=None):
 def _site(spec):
     """The site's and user's configuration (docs/config.md), its warnings
     printed; a registry or store image checked against the site's policy."""
-    from . import siterun
-    for w in siterun.apply(spec):
+    from . import siterun, sitehooks
+    warnings = siterun.apply(spec)
+    sitehooks.hooks(warnings.append)
+    for w in warnings:
         sys.stderr.write(f"gpusandbox: warning: {w}\n")
     if spec.image_ref and not looks_local(spec.image):
         from .image import parse_ref

@@ -136,6 +136,10 @@ KEYS = {k.name: k for k in (
             "(HOST/REPO:TAG or HOST/REPO@DIGEST)"),
     Key("denied-images", "globs", [], None, site_only=True, merge=True,
         doc="registry and store images that never run (globs as allowed-images)"),
+    Key("hooks-dir", "path", "/etc/gpusandbox/hooks.d", None, site_only=True,
+        doors="run, gpusandbox-oci, slurm-oci",
+        doc="the site hooks' directory: root's executables run at the rootfs and exit "
+            "points of every launch"),
 )}
 ALIASES = {a: k.name for k in KEYS.values() for a in k.aliases}
 # Every variable the settings read: what a door that cleans its environment

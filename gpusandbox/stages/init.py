@@ -322,6 +322,10 @@ def run(plan, go_r, err_w, tty_sock, wait):
             step = "running the createContainer hooks"
             ocisetup.container_hooks(plan, "createContainer", oci_src, plan.oci.hook_state
                                      and plan.oci.hook_state["bundle"])
+        from .. import sitehooks
+        if sitehooks.hooks():
+            step = "running the site hooks"
+            sitehooks.rootfs_point(plan, rootfd)
         step = "masking /proc and /sys paths"
         sysmounts.mask(rootfd, plan)
         step = f"opening the working directory {plan.workdir}"

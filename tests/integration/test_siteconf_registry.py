@@ -8,6 +8,7 @@ helpers against the htpasswd registry, and `run` honouring the site's
 mounts, environment, locks and forbidden binds."""
 import json
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from .registry_fixture import Registry, images, registry, registry_auth  # noqa: F401
 from .test_images_local import image_files  # noqa: F401
+from .test_oci_runtime_podman import podman  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -358,3 +360,73 @@ def test_config_command_names_origins(runner, etc, home):
     assert lines["shm-size"].endswith(f"# {f}:1 (locked by {f})")
     assert lines["network"].endswith("# GPUSANDBOX_NETWORK") and "= none" in lines["network"]
     assert lines["driver-root"].endswith("# default")
+
+
+# -- site hooks ---------------------------------------------------------------------
+
+HOOK = """#!/bin/sh
+case "$1" in
+rootfs) cat > "$GPUSANDBOX_ROOTFS/tmp/site-plan.json"
+        echo "$GPUSANDBOX_HOOK_POINT $GPUSANDBOX_DOOR $(pwd -P | wc -c)" > ./tmp/site-hook
+        env | sort > ./tmp/site-env
+        [ "$(id -u)" = 0 ] && echo licensed > ./etc/site-license
+        exit 0 ;;
+exit) cat > {exit_log}; exit 0 ;;
+esac
+"""
+
+
+def test_site_hook_adds_a_file_for_run_and_runs_at_exit(runner, etc, home, rootfs, shared_tmp):
+    exit_log = shared_tmp / "exit.json"
+    exit_log.touch()
+    os.chmod(exit_log, 0o666)
+    etc.write("gpusandbox/hooks.d/10-license", HOOK.format(exit_log=exit_log), 0o755)
+    etc.write("gpusandbox/hooks.d/20-not-mine", "#!/bin/sh\nexit 1\n", 0o757)
+    os.chmod(etc.upper / "gpusandbox/hooks.d", 0o755)
+    r = gsbx(runner, etc, home, ["run", str(rootfs), "sh", "-c",
+                                 "cat /tmp/site-hook /tmp/site-plan.json; echo; "
+                                 "cat /etc/site-license 2>/dev/null || echo none; "
+                                 "grep -c SECRET /tmp/site-env"],
+             env={"SECRET_TOKEN": "x"})
+    assert r.returncode == 1, r.stderr      # grep -c found nothing: the hook's env is clean
+    out = r.stdout.split("\n")
+    assert out[0].startswith("rootfs run ")
+    plan = json.loads(out[1])
+    assert (plan["point"], plan["door"], plan["image"], plan["argv"][0]) == \
+        ("rootfs", "run", str(rootfs), "sh")
+    assert out[2] == ("licensed" if runner.mode == "root" else "none")
+    assert out[3] == "0"
+    assert r.stderr == ("gpusandbox: warning: site hook /etc/gpusandbox/hooks.d/20-not-mine "
+                        "skipped: mode 0757 lets others write to it\n")
+    assert json.loads(exit_log.read_text())["status"] == 1
+
+
+def test_failing_site_hook_one_line(runner, etc, home, rootfs):
+    etc.write("gpusandbox/hooks.d/50-broken", "#!/bin/sh\n[ \"$1\" = rootfs ] && exit 3\n",
+              0o755)
+    os.chmod(etc.upper / "gpusandbox/hooks.d", 0o755)
+    r = gsbx(runner, etc, home, ["run", str(rootfs), "echo", "never"])
+    assert r.returncode == 125 and r.stdout == "", r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "site hook /etc/gpusandbox/hooks.d/50-broken failed: exit status 3" in r.stderr
+
+
+@pytest.mark.skipif(not shutil.which("podman") or not shutil.which("conmon"),
+                    reason="podman and conmon are not installed")
+def test_site_hook_runs_for_podman_through_gpusandbox_oci(podman, etc):
+    from .test_oci_runtime_podman import IMAGE, RUN
+    if podman.mode == "rootless":
+        pytest.skip("rootless podman joins the namespaces of its pause process, made "
+                    "before this test's /etc overlay existed")
+    etc.write("gpusandbox/hooks.d/10-license", HOOK.format(exit_log="/dev/null"), 0o755)
+    os.chmod(etc.upper / "gpusandbox/hooks.d", 0o755)
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2" /etc '
+            '&& shift 2 && exec "$@"', "sh", str(etc.upper), str(etc.work)] + \
+        podman.argv(["run", "--rm", *RUN, IMAGE, "sh", "-c",
+                     "cat /tmp/site-hook /etc/site-license"])
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/",
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0].startswith("rootfs oci ")
+    assert r.stdout.split("\n")[1] == "licensed"
