@@ -343,7 +343,7 @@ def _site(spec):
     sitehooks.hooks(warnings.append)
     for w in warnings:
         sys.stderr.write(f"gpusandbox: warning: {w}\n")
-    if spec.image_ref and not looks_local(spec.image):
+    if spec.image_ref and not looks_local(spec.image) and siterun.has_image_policy():
         from .image import parse_ref
         siterun.check_image(parse_ref(spec.image).canonical())
 

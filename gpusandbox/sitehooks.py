@@ -25,7 +25,6 @@ others, each hook a root-owned executable regular file no one else can
 write; an entry that is not is skipped with a warning; the directory is a
 site-only key (a user file cannot name one).  Nothing here comes from an
 image, a spec or a user file."""
-import json
 import os
 import stat
 
@@ -91,6 +90,7 @@ def info(plan, point, status=None):
 def run_point(point, doc, rootfd=None, paths=None):
     """Run every hook for `point`.  Returns [(hook, why)] of those that
     failed (the caller decides: the rootfs point fails the launch)."""
+    import json
     failed = []
     body = json.dumps(doc).encode()
     for path in hooks() if paths is None else paths:

@@ -22,7 +22,6 @@ import os
 from .errors import UsageError
 from . import settings as settingsmod
 from .spec import Bind
-from .imagepolicy import check_image  # noqa: F401  (run's door)
 
 # key -> RunSpec attribute of its option, and the value the parser leaves
 # when the option is not given.
@@ -108,11 +107,31 @@ def _locked_flag(s, name, given):
                          None, f"drop {key.flag}; ask your administrator to change it")
 
 
+def has_image_policy(s=None):
+    s = s or settingsmod.current()
+    return bool(s.get("allowed-images") or s.get("denied-images"))
+
+
+def check_image(name, s=None):
+    """imagepolicy.check_image, loaded only when the site has a policy."""
+    if has_image_policy(s):
+        from .imagepolicy import check_image as check
+        check(name, s or settingsmod.current())
+
+
+class _Ids(dict):
+    """identity(), asked only when a mount or variable expands (passwd)."""
+
+    def __missing__(self, key):
+        self.update(identity())
+        return self[key]
+
+
 def apply(spec, s=None, ids=None):
     """Fill `spec` from the configuration; UsageError on a locked or
     forbidden request.  Returns the warning lines to print."""
     s = s or settingsmod.current()
-    ids = ids or identity()
+    ids = ids or _Ids()
     for name, (attr, unset) in _SPEC.items():
         given = getattr(spec, attr)
         if given != unset:
