@@ -87,7 +87,10 @@ def read(path, allow_caller):
     """(text, None) of a file fit to read; (None, warning) of one that is
     skipped; (None, None) when it is not there."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        # A symlink is followed (dotfiles, configuration management): the
+        # checks below are of the file it names, which only its owner can
+        # replace when no one else may write to it or its directory.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except (FileNotFoundError, NotADirectoryError):
         return None, None
     except OSError as e:
@@ -100,7 +103,7 @@ def read(path, allow_caller):
         if why is None:
             # The directory too: someone who may write there may swap the file.
             try:
-                dst = os.stat(os.path.dirname(path) or ".")
+                dst = os.stat(os.path.dirname(os.path.realpath(path)) or ".")
                 if owner_problem(dst, allow_caller) and dst.st_mode & 0o022 and \
                         not dst.st_mode & stat.S_ISVTX:
                     why = f"its directory {os.path.dirname(path)} is writable by others"

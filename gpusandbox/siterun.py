@@ -46,8 +46,10 @@ def identity():
         user, home = pw.pw_name, pw.pw_dir
     except KeyError:
         user, home = str(uid), None
+    job = os.environ.get("SLURM_JOB_ID") or ""
+    # The caller's variable: only a job id's form (digits) names a path part.
     return {"user": user, "uid": str(uid), "home": home,
-            "job": os.environ.get("SLURM_JOB_ID") or None}
+            "job": job if job.isascii() and job.isdigit() else None}
 
 
 def expand(text, ids, where):

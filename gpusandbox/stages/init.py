@@ -322,6 +322,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             step = "running the createContainer hooks"
             ocisetup.container_hooks(plan, "createContainer", oci_src, plan.oci.hook_state
                                      and plan.oci.hook_state["bundle"])
+        step = "reading the site hooks"
         from .. import sitehooks
         if sitehooks.hooks():
             step = "running the site hooks"

@@ -265,3 +265,23 @@ source = "{tmp_path}/absent"
     _write(f, "bogus = 1\n")
     got = {c.name: (c.status, c.detail) for c in check_config({"HOME": str(tmp_path)}, str(etc))}
     assert got[str(f)] == ("fail", f"{f}:1: unknown key 'bogus'")
+
+
+def test_job_expansion_takes_only_a_job_id(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "../../etc")
+    assert siterun.identity()["job"] is None
+    assert siterun.expand("/jobs/{job}", siterun.identity(), "x") is None
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert siterun.expand("/jobs/{job}/{uid}", siterun.identity(), "x") == \
+        f"/jobs/4242/{os.getuid()}"
+
+
+def test_symlinked_user_file_is_read_and_its_target_checked(tmp_path, site):
+    real = _write(tmp_path / "dotfiles/gsbx.conf", 'network = "none"\n')
+    link = tmp_path / "home/.config/gpusandbox/gpusandbox.conf"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(real)
+    assert _settings(tmp_path, site).get("network") == "none"
+    os.chmod(real, 0o666)
+    s = _settings(tmp_path, site)
+    assert s.get("network") is None and "mode 0666" in s.warnings()[0]
