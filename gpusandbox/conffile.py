@@ -93,6 +93,10 @@ def read(path, allow_caller):
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except (FileNotFoundError, NotADirectoryError):
         return None, None
+    except PermissionError:
+        if allow_caller:
+            return None, None   # under a home that is not the caller's (sudo without -H)
+        return None, f"configuration file {path} skipped: permission denied"
     except OSError as e:
         return None, f"configuration file {path} skipped: {e.strerror}"
     try:

@@ -83,6 +83,10 @@ class Key:
             raise _error(f"{self.env}={text!r}", "not a boolean", "use true or false")
         if self.kind in ("globs", "names"):
             return [w for w in text.replace(",", " ").split() if w]
+        if self.kind == "dir":
+            return os.path.abspath(text)    # a variable may name it relative to the cwd
+        if self.kind == "path":
+            return text                     # checked by Settings._lookup (its own line)
         return _check(self, text, self.env)
 
 
@@ -97,9 +101,9 @@ KEYS = {k.name: k for k in (
     Key("runtime", "path", None, "GPUSANDBOX_OCI_RUNTIME", doors="wrapper", oci_conf=True,
         toml=False,
         doc="the OCI runtime the gpusandbox-runtime wrapper execs (default runc, else crun)"),
-    Key("store", "path", None, "GPUSANDBOX_STORE", flag="--store", doors="run, pull, images",
+    Key("store", "dir", None, "GPUSANDBOX_STORE", flag="--store", doors="run, pull, images",
         doc="the user's image store (default $XDG_DATA_HOME/gpusandbox/store)"),
-    Key("site-store", "path", None, "GPUSANDBOX_SITE_STORE", doors="run, pull, images",
+    Key("site-store", "dir", None, "GPUSANDBOX_SITE_STORE", doors="run, pull, images",
         doc="a read-only store of images the site provides, searched after the user's"),
     Key("mounts", "mounts", [], None, merge=True,
         doc="binds every sandbox gets ([[mounts]] tables: source, destination, "
@@ -153,7 +157,7 @@ def _check(key, val, at):
     from .errors import printable
     bad = None
     k = key.kind
-    if k == "path":
+    if k in ("path", "dir"):
         if not isinstance(val, str) or not val.startswith("/"):
             bad = "an absolute path (a string starting with /)"
     elif k == "bool":
@@ -296,6 +300,8 @@ class FileSource:
         return self._values
 
     def raw(self, key):
+        if not key.oci_conf:
+            return None         # not opened for a key it cannot hold
         return self.values().get(key.name) or None
 
     def check(self):

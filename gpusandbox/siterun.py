@@ -140,10 +140,10 @@ def apply(spec, s=None, ids=None):
             if not (name == "dev-root" and spec.driver_root is not None):
                 _locked_flag(s, name, given)
             continue
-        if name == "dev-root" and spec.driver_root is not None:
-            continue        # --driver-root alone: its own /dev (docs/runtime.md)
+        if name in ("driver-root", "dev-root"):
+            continue        # the plan asks them when it injects GPUs (plandev.py)
         value, where = s.lookup(name)
-        if where is not None and name not in ("driver-root", "dev-root"):
+        if where is not None:
             setattr(spec, attr, value)
     binds = []
     for i, m in enumerate(s.get("mounts")):
