@@ -56,6 +56,66 @@ class ConfError(UsageError):
     """A key or value of a configuration file refused (exit 125)."""
 
 
+_MOUNT_FIELDS = {"source": str, "destination": str, "read-only": bool, "optional": bool}
+
+
+def check_value(key, val, at):
+    """`val` checked against `key`'s kind (settings.KEYS); ConfError naming
+    `at` (FILE:LINE or a variable) and the key."""
+    from .errors import printable
+    bad = None
+    k = key.kind
+    if k in ("path", "dir"):
+        if not isinstance(val, str) or not val.startswith("/"):
+            bad = "an absolute path (a string starting with /)"
+    elif k == "bool":
+        if not isinstance(val, bool):
+            bad = "true or false"
+    elif k == "text":
+        if not isinstance(val, str) or not val:
+            bad = "a string"
+    elif k == "choice":
+        if val not in key.choices:
+            bad = " or ".join(repr(c) for c in key.choices)
+    elif k == "size":
+        from .mountopt import size_bytes
+        if isinstance(val, int) and not isinstance(val, bool) and val > 0:
+            val = str(val)
+        if not isinstance(val, str) or not size_bytes(val):
+            bad = "a size such as \"8g\" or \"512m\""
+    elif k in ("globs", "names"):
+        if not isinstance(val, list) or not all(isinstance(v, str) and v for v in val):
+            bad = "a list of strings"
+        elif k == "globs" and not all(v.startswith("/") or "/" in v or "*" in v for v in val):
+            bad = "a list of globs"
+    elif k == "env":
+        if not isinstance(val, dict) or not all(isinstance(v, str) for v in val.values()) \
+                or not all(n and "=" not in n and "\0" not in n for n in val):
+            bad = "a table of NAME = \"value\" strings"
+    elif k == "mounts":
+        if not isinstance(val, list) or not all(isinstance(m, dict) for m in val):
+            bad = "[[mounts]] tables"
+        else:
+            for m in val:
+                for f, v in m.items():
+                    if f not in _MOUNT_FIELDS:
+                        raise ConfError(f"{at}: key {key.name}.{f}", "unknown field",
+                                        "fields: " + ", ".join(_MOUNT_FIELDS))
+                    if not isinstance(v, _MOUNT_FIELDS[f]):
+                        raise ConfError(f"{at}: key {key.name}.{f}",
+                                        f"expected a {_MOUNT_FIELDS[f].__name__}")
+                if not isinstance(m.get("source"), str) or not m["source"].startswith("/"):
+                    raise ConfError(f"{at}: key {key.name}", "each needs source = an absolute "
+                                    "path", 'example: source = "/scratch/{user}"')
+                if not m.get("destination", m["source"]).startswith("/"):
+                    raise ConfError(f"{at}: key {key.name}.destination",
+                                    "not an absolute path")
+    if bad:
+        raise ConfError(f"{at}: key {key.name} = {printable(str(val))[:60]}",
+                        f"expected {bad}")
+    return val
+
+
 def line_of(text, table, key):
     """The 1-based line of `key = ...` under [table] / [[table]] (table None:
     the top level), or None: tomllib reports no positions of keys."""

@@ -70,7 +70,8 @@ class Key:
     def check(self, val, at, text=None):
         """`val` of a TOML file, checked against the kind (ConfError naming
         `at`, the file and line, and the key)."""
-        return _check(self, val, at)
+        from .conffile import check_value
+        return check_value(self, val, at)
 
     def from_env(self, text):
         """A variable's text as a value of this kind."""
@@ -87,7 +88,8 @@ class Key:
             return os.path.abspath(text)    # a variable may name it relative to the cwd
         if self.kind == "path":
             return text                     # checked by Settings._lookup (its own line)
-        return _check(self, text, self.env)
+        from .conffile import check_value
+        return check_value(self, text, self.env)
 
 
 _ALL = "run, gpusandbox-oci, hook, wrapper, filter, slurm-oci"
@@ -149,65 +151,6 @@ ALIASES = {a: k.name for k in KEYS.values() for a in k.aliases}
 # Every variable the settings read: what a door that cleans its environment
 # (the hook) keeps.
 ENV_VARS = tuple(k.env for k in KEYS.values() if k.env) + (FILE_VAR,) + OLD_FILE_VARS
-_MOUNT_FIELDS = {"source": str, "destination": str, "read-only": bool, "optional": bool}
-
-
-def _check(key, val, at):
-    from .conffile import ConfError
-    from .errors import printable
-    bad = None
-    k = key.kind
-    if k in ("path", "dir"):
-        if not isinstance(val, str) or not val.startswith("/"):
-            bad = "an absolute path (a string starting with /)"
-    elif k == "bool":
-        if not isinstance(val, bool):
-            bad = "true or false"
-    elif k == "text":
-        if not isinstance(val, str) or not val:
-            bad = "a string"
-    elif k == "choice":
-        if val not in key.choices:
-            bad = " or ".join(repr(c) for c in key.choices)
-    elif k == "size":
-        from .mountopt import size_bytes
-        if isinstance(val, int) and not isinstance(val, bool) and val > 0:
-            val = str(val)
-        if not isinstance(val, str) or not size_bytes(val):
-            bad = "a size such as \"8g\" or \"512m\""
-    elif k in ("globs", "names"):
-        if not isinstance(val, list) or not all(isinstance(v, str) and v for v in val):
-            bad = "a list of strings"
-        elif k == "globs" and not all(v.startswith("/") or "/" in v or "*" in v for v in val):
-            bad = "a list of globs"
-    elif k == "env":
-        if not isinstance(val, dict) or not all(isinstance(v, str) for v in val.values()) \
-                or not all(n and "=" not in n and "\0" not in n for n in val):
-            bad = "a table of NAME = \"value\" strings"
-    elif k == "mounts":
-        if not isinstance(val, list) or not all(isinstance(m, dict) for m in val):
-            bad = "[[mounts]] tables"
-        else:
-            for m in val:
-                for f, v in m.items():
-                    if f not in _MOUNT_FIELDS:
-                        raise ConfError(f"{at}: key {key.name}.{f}", "unknown field",
-                                        "fields: " + ", ".join(_MOUNT_FIELDS))
-                    if not isinstance(v, _MOUNT_FIELDS[f]):
-                        raise ConfError(f"{at}: key {key.name}.{f}",
-                                        f"expected a {_MOUNT_FIELDS[f].__name__}")
-                if not isinstance(m.get("source"), str) or not m["source"].startswith("/"):
-                    raise ConfError(f"{at}: key {key.name}", "each needs source = an absolute "
-                                    "path", 'example: source = "/scratch/{user}"')
-                if not m.get("destination", m["source"]).startswith("/"):
-                    raise ConfError(f"{at}: key {key.name}.destination",
-                                    "not an absolute path")
-    if bad:
-        raise ConfError(f"{at}: key {key.name} = {printable(str(val))[:60]}",
-                        f"expected {bad}")
-    return val
-
-
 def _error(what, why, hint=None):
     from .errors import UsageError
     return UsageError(what, why, hint)
