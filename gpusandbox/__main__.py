@@ -15,6 +15,8 @@ commands:
   rmi REF|DIGEST...                           remove images from the store
   prune                                       remove unreferenced images and blobs
   inspect REF... [--json]                     an image's names, platform, size, config and layers
+  config [--show-origin] [--json]             the effective settings and where each came from
+                                              (docs/config.md)
   info [--json]                               driver, CUDA ceiling, GPUs, isolation available here
   list [--gpus SEL] [--gpu-caps CAPS] [--gpu-memory N] [--gpu-compute P]
                                               host files a launch with these options would inject,
@@ -39,6 +41,7 @@ commands:
 # The other subcommands: (module, function), imported only when called.
 _COMMANDS = {
     "info": ("gpusandbox.gpu.report", "main_info"),
+    "config": ("gpusandbox.configcli", "main"),
     "list": ("gpusandbox.gpu.report", "main_list"),
     "doctor": ("gpusandbox.doctor", "main"),
     "cdi": ("gpusandbox.oci.cdi.cli", "main"),

@@ -97,6 +97,9 @@ Images (see docs/images.md):
   --store DIR                 the image store (default $GPUSANDBOX_STORE, else
                               $XDG_DATA_HOME/gpusandbox/store)
 Other:
+  --mount-home, --no-mount-home
+                              bind your home (from passwd) at its path, or not (default: the
+                              mount-home setting, docs/config.md; else not)
   --profile untrusted         for code you do not trust: only the current directory writable
                               (-v $PWD:$PWD -w $PWD), --net none, no host sockets or their
                               variables; options you give win (docs/workstation.md)
@@ -126,6 +129,7 @@ _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
     "--env-host": "env_host", "-t": "tty", "--tty": "tty", "--verbose": "verbose",
     "--no-require": "no_require", "--best-effort-limits": "best_effort",
+    "--mount-home": "mount_home", "--no-mount-home": "no_mount_home",
     # docker's habits with nothing to do here: stdin is always passed on, and
     # a sandbox never outlives its command.
     "-i": None, "--interactive": None, "--rm": None,
@@ -244,6 +248,8 @@ def _flag(spec, attr):
         spec.rootfs_mode = "tmpfs-overlay"
     elif attr == "rw":
         spec.rootfs_mode = "rw"
+    elif attr == "no_mount_home":
+        spec.mount_home = False
     elif attr is not None:
         setattr(spec, attr, True)
 
@@ -350,6 +356,23 @@ def run_and_exit(argv):
     os._exit(code)
 
 
+def _site(spec):
+    """The site's and user's configuration (docs/config.md), its warnings
+    printed; a registry or store image checked against the site's policy."""
+    from . import siterun, sitehooks
+    warnings = siterun.apply(spec)
+    sitehooks.hooks(warnings.append)
+    for w in warnings:
+        sys.stderr.write(f"gpusandbox: warning: {w}\n")
+    if spec.image_ref and not looks_local(spec.image) and siterun.has_image_policy():
+        from .image import parse_ref
+        siterun.check_image(parse_ref(spec.image).canonical())
+
+
+def looks_local(image):
+    return image.startswith(("oci:", "oci-archive:", "docker-archive:"))
+
+
 def main_run(argv):
     spec = None
     try:
@@ -361,6 +384,7 @@ def main_run(argv):
             from .testhook import pause_hook_enabled
             if pause_hook_enabled():
                 spec.pause_at = os.environ["GPUSANDBOX_TEST_PAUSE"]
+        _site(spec)
         if spec.image_ref:
             from .image.storeread import prepare
             if not prepare(spec):       # not in the store: the pull on a miss

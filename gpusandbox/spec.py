@@ -80,6 +80,8 @@ class RunSpec:
         "share", "shm_size", "gpu_visibility",
         # --profile untrusted (profile.py)
         "profile",
+        # --mount-home / --no-mount-home; None: the mount-home setting (siterun.py)
+        "mount_home",
         # an OCI runtime launch: its config.json read as typed data
         # (oci/configplan.OciRequest), else None
         "oci",
@@ -137,4 +139,5 @@ class RunSpec:
         self.shm_size = None
         self.gpu_visibility = None   # task | step
         self.profile = None          # untrusted, or None
+        self.mount_home = None       # True | False | None (the setting)
         self.oci = None

@@ -208,6 +208,7 @@ ARGPARSE = {
     "prune": ("gpusandbox.image.cli", "prune_parser", ()),
     "inspect": ("gpusandbox.image.cli", "inspect_parser", ()),
     "info": ("gpusandbox.gpu.report", "_parser", ("info", False)),
+    "config": ("gpusandbox.configcli", "parser", ()),
     "list": ("gpusandbox.gpu.report", "_parser", ("list", True)),
     "doctor": ("gpusandbox.doctor", "_parser", ()),
     "sim": ("gpusandbox.sim.cli", "parser", ()),

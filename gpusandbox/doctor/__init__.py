@@ -49,6 +49,8 @@ def run_checks(opts, euid=None):
         out.append(check_overlay(euid))
     from .settings import check_settings
     out += check_settings(os.environ, f"{opts.roots.etc}/gpusandbox/oci.conf")
+    from .config import check_config
+    out += check_config(os.environ, opts.roots.etc)
     checks, host, ceiling = check_driver(opts)
     out += checks
     sel = None

@@ -118,15 +118,20 @@ MAX_NAME = 255
 
 
 class ImageRef:
-    __slots__ = ("transport", "host", "repo", "tag", "digest", "path")
+    __slots__ = ("transport", "host", "repo", "tag", "digest", "path", "short")
 
-    def __init__(self, transport, host=None, repo=None, tag=None, digest=None, path=None):
+    def __init__(self, transport, host=None, repo=None, tag=None, digest=None, path=None,
+                 short=None):
         self.transport = transport  # docker | oci | oci-archive | docker-archive | store
         self.host = host
         self.repo = repo
         self.tag = tag
         self.digest = digest
         self.path = path            # the directory or file of a local transport
+        # A registry or store name given without a host (`ubuntu`, `nvidia/cuda`):
+        # the name as typed, which unqualified-search-registries may resolve
+        # (image/registries.py); None for a qualified name.
+        self.short = short
 
     @property
     def name(self):
@@ -146,7 +151,7 @@ class ImageRef:
 
     def __eq__(self, other):
         return isinstance(other, ImageRef) and all(
-            getattr(self, s) == getattr(other, s) for s in self.__slots__)
+            getattr(self, s) == getattr(other, s) for s in self.__slots__ if s != "short")
 
     def __repr__(self):
         return f"ImageRef({self.transport}, {self.canonical()!r})"
@@ -237,7 +242,8 @@ def parse_ref(text):
         _bad(text, "it holds a NUL character")
     if text.startswith("docker://"):
         host, repo, tag, dig = parse_name(text[len("docker://"):])
-        return ImageRef("docker", host, repo, tag, dig)
+        return ImageRef("docker", host, repo, tag, dig,
+                        short=short_name(text[len("docker://"):]))
     for t in ("oci-archive", "docker-archive", "oci"):
         if text.startswith(t + ":"):
             path, tag = _path_and_tag(text, t, text[len(t) + 1:])
@@ -258,7 +264,20 @@ def parse_ref(text):
         _bad(text, f"unknown transport {text.partition('://')[0]!r}",
              "known: docker://, oci:, oci-archive:, docker-archive:")
     host, repo, tag, dig = parse_name(text)
-    return ImageRef("store", host, repo, tag, dig)
+    return ImageRef("store", host, repo, tag, dig, short=short_name(text))
+
+
+def short_name(text):
+    """The repository path of a name typed without a registry host (as
+    typed, without tag or digest), or None for a qualified name."""
+    rest = text.partition("@")[0]
+    if rest.rfind(":") > rest.rfind("/"):
+        rest = rest[:rest.rfind(":")]
+    first, slash, _ = rest.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"
+                  or first.startswith("[")):
+        return None
+    return rest
 
 
 def looks_like_transport(text):

@@ -4,9 +4,10 @@ Credentials come from the first of: --authfile, $REGISTRY_AUTH_FILE,
 ${XDG_RUNTIME_DIR}/containers/auth.json, ~/.config/containers/auth.json,
 ~/.docker/config.json (the lookup order of podman and skopeo).  Each file is
 read bounded in size and parsed as untrusted JSON: a malformed file is
-reported, never half-used.  Only the inline `auth` form
-(base64 of USER:PASSWORD) is read; credential helpers (credsStore,
-credHelpers) run programs and are not followed.
+reported, never half-used.  In each file, `credHelpers[HOST]` comes first,
+then `credsStore` (docker's order), then the inline `auth` entry (base64 of
+USER:PASSWORD): a helper is a program (credhelper.py), run only when the
+file naming it is the caller's own or root's and no one else can write it.
 
 WWW-Authenticate challenges are parsed per RFC 7235 (quoted strings with
 escapes, several challenges in one header)."""
@@ -97,7 +98,7 @@ def authfile_candidates(authfile=None, env=None):
     return out
 
 
-def _read_json(path):
+def _read_json(path, want_stat=False):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -106,7 +107,8 @@ def _read_json(path):
         raise ImageError(f"cannot read auth file {path}", e.strerror) from None
     with os.fdopen(fd, "rb") as f:
         import stat
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
             raise ImageError(f"cannot read auth file {path}", "not a regular file")
         data = f.read(MAX_AUTHFILE + 1)
     if len(data) > MAX_AUTHFILE:
@@ -117,7 +119,7 @@ def _read_json(path):
         raise ImageError(f"cannot read auth file {path}", "not valid JSON") from None
     if not isinstance(doc, dict):
         raise ImageError(f"cannot read auth file {path}", "not a JSON object")
-    return doc
+    return (doc, st) if want_stat else doc
 
 
 def _key_match(key, host, repo):
@@ -168,13 +170,17 @@ def find_credentials(host, repo=None, authfile=None, env=None):
     The first file that exists decides (as podman: files are not merged)
     unless it has no entry for the host, then the next one is read."""
     for path, explicit in authfile_candidates(authfile, env):
-        doc = _read_json(path)
+        got = _read_json(path, want_stat=True)
+        doc, st = got if got is not None else (None, None)
         if doc is None:
             if explicit:
                 raise ImageError(f"auth file {path} does not exist", None,
                                  "pass an existing file to --authfile (podman/skopeo login "
                                  "writes one)")
             continue
+        helped = _helper_credentials(doc, st, path, host, env)
+        if helped is not None:
+            return helped
         auths = doc.get("auths", {})
         if not isinstance(auths, dict):
             raise ImageError(f"cannot read auth file {path}", "auths is not an object")
@@ -188,6 +194,37 @@ def find_credentials(host, repo=None, authfile=None, env=None):
         if best is not None:
             return best
     return None
+
+
+def _helper_name(doc, path, host):
+    """(helper name, the key that named it) for host, or (None, None)."""
+    helpers = doc.get("credHelpers", {})
+    if not isinstance(helpers, dict):
+        raise ImageError(f"cannot read auth file {path}", "credHelpers is not an object")
+    hosts = DOCKER_HUB_KEYS if host in DOCKER_HUB_KEYS else (host,)
+    for h in hosts:
+        if h in helpers:
+            return helpers[h], f"credHelpers[{h!r}]"
+    store = doc.get("credsStore")
+    if store is not None:
+        return store, "credsStore"
+    return None, None
+
+
+def _helper_credentials(doc, st, path, host, env):
+    name, key = _helper_name(doc, path, host)
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise ImageError(f"cannot read auth file {path}", f"{key} is not a string")
+    from ..conffile import owner_problem
+    why = owner_problem(st, allow_caller=True)
+    if why is not None:
+        raise ImageError(f"auth file {path}: {key} names a program and the file is not safe",
+                         why, f"make it yours and closed to others (chmod go-w {path}), "
+                         "or remove the key")
+    from . import credhelper
+    return credhelper.get(name, host, f"{key} in {path}", env)
 
 
 def basic_header(creds):

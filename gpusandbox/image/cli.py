@@ -81,6 +81,10 @@ def main_pull(argv):
         raise interrupted(e, "pull", RESUME_HINT) from None
 
 
+def _say(line):
+    sys.stderr.write(f"gpusandbox: {line}\n")
+
+
 def _pull(a, stage):
     if a.output:
         from . import sqshout
@@ -94,16 +98,22 @@ def _pull(a, stage):
     ref = refmod.parse(a.ref)
     if ref.transport == "store":
         # `pull ubuntu:22.04` means the registry, as docker pull does.
-        ref = refmod.ImageRef("docker", ref.host, ref.repo, ref.tag, ref.digest)
+        ref = refmod.ImageRef("docker", ref.host, ref.repo, ref.tag, ref.digest,
+                              short=ref.short)
     platform = mf.parse_platform(a.platform) if a.platform else None
+    if ref.transport == "docker":
+        from ..imagepolicy import check_image
+        check_image(ref.canonical())
     st = writable(stores(a.store))
     src = open_source(ref, {"authfile": a.authfile, "tls_verify": a.tls_verify == "true",
-                            "platform": platform})
+                            "platform": platform, "say": _say})
     try:
         rec = pull(st, src, names_for(ref), platform=platform, asked=platform is not None,
                    progress=prog, keep_blobs=a.keep_blobs)
     finally:
         src.close()
+    if getattr(src, "note", None) and src.note():
+        _say(src.note())
     prog.finish()
     if a.output:
         stage.append("squashfs")

@@ -36,6 +36,7 @@ def obtain(ref, all_stores, platform=None, opts=None, progress=None):
     from .store import writable
     o = dict(opts or {})
     o["platform"] = platform
+    o.setdefault("say", lambda line: sys.stderr.write(f"gpusandbox: {line}\n"))
     src = open_source(ref, o)
     try:
         st = writable(all_stores)
@@ -43,4 +44,6 @@ def obtain(ref, all_stores, platform=None, opts=None, progress=None):
                    asked=platform is not None, progress=progress)
     finally:
         src.close()
+    if getattr(src, "note", None) and src.note():
+        o["say"](src.note())
     return st, rec["digest"]

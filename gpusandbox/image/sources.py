@@ -17,9 +17,26 @@ def open_source(ref, opts=None):
             raise ImageError(f"cannot pull {ref.canonical()}",
                              f"the registry client is not available ({e})",
                              "reinstall gpusandbox with its dependencies") from None
-        return RegistrySource(ref, authfile=opts.get("authfile"),
-                              tls_verify=opts.get("tls_verify", True),
-                              platform=opts.get("platform"))
+        from . import registries
+        conf = registries.load()
+        say = opts.get("say")
+        for w in conf.warnings:
+            if say:
+                say(f"warning: {w}")
+        cands = registries.resolve(ref, conf)
+        if len(cands) == 1 and cands[0].role == "primary" and not cands[0].insecure \
+                and cands[0].name == ref.name:
+            return RegistrySource(ref, authfile=opts.get("authfile"),
+                                  tls_verify=opts.get("tls_verify", True),
+                                  platform=opts.get("platform"))
+        from ..imagepolicy import check_image
+        for c in cands:
+            if c.role != "primary" and not c.role.startswith("mirror"):
+                check_image(c.canonical())      # a name a search resolved to
+        return registries.MirroredSource(cands, lambda c: RegistrySource(
+            c, authfile=opts.get("authfile"),
+            tls_verify=opts.get("tls_verify", True) and not c.insecure,
+            platform=opts.get("platform")))
     if ref.transport in ("oci", "oci-archive", "docker-archive"):
         from .archive import open_local
         return open_local(ref)
@@ -41,5 +58,9 @@ def names_for(ref):
                     continue
                 out.append(f"{h}/{r}:{tag}")
             return out or [ref.canonical()]
+        served = getattr(source, "served", None)
+        if served is not None and served.role.startswith("unqualified"):
+            # a short name a search resolved: under both names (docs/config.md)
+            return [ref.canonical(), served.canonical()]
         return [ref.canonical()]
     return names

@@ -146,6 +146,10 @@ def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL):
         yield "running the createContainer hooks"
         ocisetup.container_hooks(plan, "createContainer", life["pid"],
                                  plan.hook_state["bundle"])
+    from .. import sitehooks    # its list read by the launcher, before the clone
+    if sitehooks.hooks():
+        yield "running the site hooks"
+        sitehooks.rootfs_point(plan, rootfd)
     yield "masking /proc and /sys paths"
     sysmounts.mask(rootfd, plan, kern)
 

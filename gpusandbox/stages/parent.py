@@ -136,7 +136,18 @@ def launch(spec):
         if spec.verbose:
             for note in cg.notes[seen:]:
                 _say(note)
+    _exit_hooks(plan, status)
     return status
+
+
+def _exit_hooks(plan, status):
+    """The site's exit hooks (sitehooks.py): a failure is a warning, the
+    command's status stands."""
+    from .. import sitehooks
+    if not sitehooks.hooks() or plan.host_root:
+        return
+    for path, why in sitehooks.run_point("exit", sitehooks.info(plan, "exit", status)):
+        _say(f"warning: site hook {path} failed at exit: {why}")
 
 
 def _no_gpu(plan, err):

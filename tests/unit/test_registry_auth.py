@@ -114,7 +114,12 @@ def test_size_bound_and_missing_explicit(tmp_path):
         auth.find_credentials("r.io", "x", authfile="/dev/zero")
 
 
-def test_credential_helpers_not_run(tmp_path):
+def test_credential_helpers_are_run_and_a_missing_one_is_one_line(tmp_path):
+    # (tests/unit/test_registries_conf.py: the protocol with stand-in helpers)
     f = _write(tmp_path / "a.json", {"credsStore": "desktop", "credHelpers": {"r.io": "x"},
                                      "auths": {"r.io": {}}})
-    assert auth.find_credentials("r.io", "x", authfile=f) is None
+    os.chmod(f, 0o600)
+    with pytest.raises(ImageError) as e:
+        auth.find_credentials("r.io", "x", authfile=f, env={"PATH": str(tmp_path)})
+    assert e.value.line() == (f"credential helper docker-credential-x not found "
+                              f"(credHelpers['r.io'] in {f}): it is not on PATH")
