@@ -86,7 +86,12 @@ Process:
                               PYTHONPATH unless given with -e)
   -t, --tty                   allocate a pseudo-terminal when stdin is a terminal
   -i, --interactive           accepted for docker's habit (-it, -ti): stdin is always the caller's
-  --rm                        accepted for docker's habit: a sandbox never outlives its command
+  --name NAME                 name the sandbox (unique among yours): 'gpusandbox exec NAME',
+                              'ps', 'stop', 'logs' find it (docs/live.md)
+  -d, --detach                run in the background: print the name once the command started,
+                              output to a log ('gpusandbox logs NAME'), status kept until 'rm'
+  --rm                        with -d: remove the record when the sandbox ends (without -d a
+                              sandbox never outlives its command, and leaves no record)
   --seccomp PROFILE|unconfined  seccomp profile name (default, profiling) or JSON file
 cgroup:
   --cgroup-parent PATH        parent cgroup for the sandbox's leaf (default: the launcher's)
@@ -121,7 +126,7 @@ _OPTS = {
     "--platform": "platform", "--store": "store",
     "--gpu-memory": "gpu_memory", "--gpu-compute": "gpu_compute", "--cuda-compat": "cuda_compat",
     "--share": "share", "--shm-size": "shm_size", "--gpu-visibility": "gpu_visibility",
-    "--profile": "profile",
+    "--profile": "profile", "--name": "name",
 }
 _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
@@ -129,7 +134,8 @@ _FLAGS = {
     "--no-require": "no_require", "--best-effort-limits": "best_effort",
     # docker's habits with nothing to do here: stdin is always passed on, and
     # a sandbox never outlives its command.
-    "-i": None, "--interactive": None, "--rm": None,
+    "-i": None, "--interactive": None, "--rm": "auto_remove",
+    "-d": "detach", "--detach": "detach",
 }
 # The options that take one of a few words (checked by _option; shell
 # completion offers them).
@@ -280,6 +286,9 @@ def _option(spec, name, val):
     elif attr == "profile":
         from .profile import parse
         spec.profile = parse(val)
+    elif attr == "name":
+        from .live.record import check_name
+        spec.name = check_name(val)
     else:
         setattr(spec, attr, val)
 
@@ -329,6 +338,21 @@ def report(err, out=None):
     out.flush()
 
 
+def _live_launch(spec):
+    """run --name/--detach: the record claimed first, then (-d) the detach."""
+    from .live.launch import Live, detach
+    from .stages.parent import launch
+    if spec.detach and spec.tty:
+        _bad("-t and -d together", "a detached sandbox has no terminal",
+             "drop -t, and use 'gpusandbox exec -t NAME sh' for a shell in it")
+    spec.live = Live(spec)
+    if spec.detach:
+        detach(spec.live)
+    status = launch(spec)
+    spec.live.ended(status)
+    return status
+
+
 def main_run(argv):
     spec = None
     try:
@@ -349,9 +373,13 @@ def main_run(argv):
                 not names_squashfs(spec.image):
             _bad("--entrypoint and --platform apply to image references", None,
                  "IMAGE_DIR is a directory: give the command after it")
+        if spec.name or spec.detach:
+            return _live_launch(spec)
         from .stages.parent import launch
         return launch(spec)
     except SandboxError as e:
+        if spec is not None and spec.live is not None:
+            spec.live.failed(e)
         report(e)
         return e.code
     except KeyboardInterrupt as e:
@@ -361,10 +389,16 @@ def main_run(argv):
         quiet_signals()
         err = interrupted(e, "run", RESUME_HINT if spec is not None and spec.image_ref
                           else None)
+        if spec is not None and spec.live is not None:
+            spec.live.failed(err)
         report(err)
         return err.code
     except OSError as e:
         # Last resort: an OSError that escaped a stage still gets one line.
         from .errors import os_error
-        report(os_error("run", e))
+        err = os_error("run", e)
+        err.code = EXIT_LAUNCHER
+        if spec is not None and spec.live is not None:
+            spec.live.failed(err)
+        report(err)
         return EXIT_LAUNCHER

@@ -83,6 +83,9 @@ class RunSpec:
         # an OCI runtime launch: its config.json read as typed data
         # (oci/configplan.OciRequest), else None
         "oci",
+        # run --name/--detach: name, detach, auto-remove, and the launch's
+        # record (live/launch.Live, set by the front end), else None
+        "name", "detach", "auto_remove", "live",
     )
 
     def __init__(self):
@@ -138,3 +141,7 @@ class RunSpec:
         self.gpu_visibility = None   # task | step
         self.profile = None          # untrusted, or None
         self.oci = None
+        self.name = None
+        self.detach = False
+        self.auto_remove = False
+        self.live = None

@@ -91,6 +91,8 @@ def launch(spec):
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join \
             or spec.pause_at == "after-clone"
         pid, child, go_w, err_r = spawn_init(plan, cg, tty, wait, member, hold=True)
+        if spec.live is not None:
+            spec.live.started(plan, pid, cg)     # run --name/--detach: its record
         _write_maps(plan, pid)
         if v1_join:
             # cgroup v1 fallback: clone3 cannot join a v1 cgroup, so join by pid
@@ -106,7 +108,8 @@ def launch(spec):
             tty[0].close()
             master = fds[0] if fds else None
         try:
-            status = _supervise(child, err_r, master)
+            status = _supervise(child, err_r, master,
+                                spec.live.command_started if spec.live is not None else None)
         except SandboxError as e:
             if e.code == 127:
                 _no_gpu(plan, e)
@@ -265,9 +268,10 @@ class _Child:
         os.close(self.fd)
 
 
-def _supervise(child, err_r, master):
+def _supervise(child, err_r, master, on_start=None):
     """Forward signals to init, relay the terminal, collect the first error
-    record, and return the sandbox's status once init exits."""
+    record, and return the sandbox's status once init exits.  `on_start` is
+    called once the command has started (the channel closed with no record)."""
     import _signal
     import select
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -300,6 +304,8 @@ def _supervise(child, err_r, master):
                 errbuf += chunk
             else:
                 watch.remove(err_r)
+                if on_start is not None and not errbuf:
+                    on_start()
         if term and status is None:
             term.relay(ready, watch)
     if term:
