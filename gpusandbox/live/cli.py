@@ -249,8 +249,8 @@ def _signum(text):
     if t.isdigit() and 0 < int(t) < signal.NSIG:
         return int(t)
     try:
-        return int(signal.Signals(t if t.startswith("SIG") else "SIG" + t))
-    except ValueError:
+        return int(signal.Signals[t if t.startswith("SIG") else "SIG" + t])
+    except KeyError:
         raise UsageError(f"invalid --signal {printable(text)!r}", None,
                          "a name (TERM, SIGINT) or a number") from None
 

@@ -30,12 +30,23 @@ def test_interactive_tty_spellings(opts):
 
 
 def test_i_and_rm_alone_change_nothing():
+    # --rm only matters with -d (a detached sandbox's record removed at its end).
     plain = parse()
     for opts in (["-i"], ["--rm"], ["--interactive"]):
         spec = parse(*opts)
         assert spec.tty is False
-        assert {s: getattr(spec, s) for s in spec.__slots__ if s != "binds"} == \
-            {s: getattr(plain, s) for s in plain.__slots__ if s != "binds"}
+        assert {s: getattr(spec, s) for s in spec.__slots__ if s not in ("binds", "auto_remove")} \
+            == {s: getattr(plain, s) for s in plain.__slots__ if s not in ("binds", "auto_remove")}
+
+
+def test_name_and_detach_are_parsed_and_a_bad_name_refused():
+    spec = parse("-d", "--name", "train.1_a-b", "--rm")
+    assert spec.detach and spec.name == "train.1_a-b" and spec.auto_remove
+    assert parse("-dit").detach
+    for bad in ("", "-x", ".hidden", "a/b", "a b", "x" * 65, "caf\u00e9"):
+        e = refused("--name", bad)
+        assert e.line().startswith("invalid sandbox name"), bad
+        assert "letters, digits" in e.hint
 
 
 def test_short_clusters_take_a_value_last():
