@@ -338,14 +338,30 @@ def report(err, out=None):
     out.flush()
 
 
+def _slurm_record(spec):
+    """A Slurm task's sandbox is recorded (slurm-JOB.STEP.RANK) for `exec
+    --job`; where no record can be kept the launch goes on without one."""
+    from .live.launch import Live
+    from .live.record import slurm_task
+    task = slurm_task(os.environ)
+    if task is None:
+        return
+    try:
+        spec.live = Live(spec, task)
+    except SandboxError:
+        spec.live = None
+
+
 def _live_launch(spec):
     """run --name/--detach: the record claimed first, then (-d) the detach."""
     from .live.launch import Live, detach
+    from .live.record import slurm_task
     from .stages.parent import launch
     if spec.detach and spec.tty:
         _bad("-t and -d together", "a detached sandbox has no terminal",
              "drop -t, and use 'gpusandbox exec -t NAME sh' for a shell in it")
-    spec.live = Live(spec)
+    if spec.live is None:
+        spec.live = Live(spec, slurm_task(os.environ))
     if spec.detach:
         detach(spec.live)
     status = launch(spec)
@@ -375,6 +391,10 @@ def main_run(argv):
                  "IMAGE_DIR is a directory: give the command after it")
         if spec.name or spec.detach:
             return _live_launch(spec)
+        if os.environ.get("SLURM_STEP_ID") is not None:
+            _slurm_record(spec)
+            if spec.live is not None:
+                return _live_launch(spec)
         from .stages.parent import launch
         return launch(spec)
     except SandboxError as e:

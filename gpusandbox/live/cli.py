@@ -126,7 +126,8 @@ def _running(rec):
 
 
 def exec_parser():
-    p = _parser("exec", "Run CMD in the running sandbox NAME: its namespaces, cgroup, uid, "
+    p = _parser("exec", "Run CMD in the running sandbox NAME, or in the sandbox of a Slurm "
+                "task on this node (--job, --step, --rank): its namespaces, cgroup, uid, "
                 "groups, capabilities, no_new_privs, seccomp filter, environment and working "
                 "directory as its command has them.")
     p.add_argument("-t", "--tty", action="store_true",
@@ -137,14 +138,74 @@ def exec_parser():
                    help="set a variable (KEY alone: the caller's value); repeatable")
     p.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside "
                    "(default: the command's)")
-    _name(p)
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARG...]")
+    p.add_argument("--job", metavar="JOBID", help="the Slurm job whose task's sandbox to "
+                   "enter, instead of NAME (default with --step/--rank: $SLURM_JOB_ID, as "
+                   "under 'srun --overlap --jobid JOBID')")
+    p.add_argument("--step", metavar="STEP", help="its step (needed when the job has "
+                   "sandboxes in several steps on this node)")
+    p.add_argument("--rank", metavar="RANK", help="its task's rank, SLURM_PROCID (needed "
+                   "when the step has several on this node)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="NAME CMD [ARG...]",
+                   help="NAME is left out with --job/--step/--rank")
     return p
+
+
+def _slurm_target(job, step, rank):
+    """The record of the running sandbox of Slurm task (job, step, rank)
+    among the caller's on this node; one line naming what is missing or
+    ambiguous otherwise."""
+    for what, v in (("--job", job), ("--step", step), ("--rank", rank)):
+        if v is not None and not (v.isdigit() and len(v) <= 20):
+            raise UsageError(f"invalid {what} {printable(v)!r}", "not a number", None)
+    pfd, ppath = record.open_part(make=False)
+    rows = []
+    if pfd is not None:
+        try:
+            rows = [rec for _, rec in record.entries(pfd, ppath)
+                    if record.state(rec) == "running" and isinstance(rec.get("slurm"), dict)
+                    and rec["slurm"].get("job") == job]
+        finally:
+            os.close(pfd)
+    everything = rows
+    if step is not None:
+        rows = [r for r in rows if r["slurm"].get("step") == step]
+    if rank is not None:
+        rows = [r for r in rows if r["slurm"].get("rank") == rank]
+    what = f"job {job}" + (f" step {step}" if step else "") + (f" rank {rank}" if rank else "")
+    if not rows:
+        here = ", ".join(sorted(f"step {r['slurm'].get('step')} rank {r['slurm'].get('rank')}"
+                                for r in everything))
+        raise SandboxError(f"no running sandbox of yours for {what} on this node",
+                           f"this node has {here}" if here else None,
+                           "run exec on the rank's node (srun --overlap --jobid JOB -w NODE "
+                           "gpusandbox exec --rank R CMD); only the job's owner can")
+    steps = sorted({r["slurm"].get("step") for r in rows}, key=int)
+    if len(steps) > 1:
+        raise UsageError(f"{what} has sandboxes in steps {', '.join(steps)} on this node",
+                         None, "choose one with --step")
+    if len(rows) > 1:
+        ranks = sorted((r["slurm"].get("rank") for r in rows), key=int)
+        raise UsageError(f"{what} has ranks {', '.join(ranks)} on this node", None,
+                         "choose one with --rank")
+    return rows[0]
 
 
 def main_exec(argv):
     a = exec_parser().parse_args(argv)
-    argv = a.command[1:] if a.command[:1] == ["--"] else a.command
+    words = a.command[1:] if a.command[:1] == ["--"] else a.command
+    slurm = a.job is not None or a.step is not None or a.rank is not None
+    if slurm:
+        job = a.job or os.environ.get("SLURM_JOB_ID")
+        if not job:
+            raise UsageError("exec --step/--rank: which job?", "no --job and no SLURM_JOB_ID",
+                             "give --job JOBID")
+        argv = words
+    else:
+        if not words:
+            raise UsageError("exec: missing NAME", None, "gpusandbox exec NAME CMD [ARG...]")
+        argv = words[1:]
+        if argv[:1] == ["--"]:
+            argv = argv[1:]
     if not argv:
         raise UsageError("exec: missing CMD", None, "gpusandbox exec NAME CMD [ARG...]")
     from ..cli import parse_env_item
@@ -153,9 +214,12 @@ def main_exec(argv):
     if a.workdir is not None and not a.workdir.startswith("/"):
         raise UsageError(f"invalid --workdir {printable(a.workdir)!r}", "not an absolute path",
                          "example: -w /workspace")
-    pfd, rec = _find(a.name)
-    os.close(pfd)
-    _running(rec)
+    if slurm:
+        rec = _slurm_target(job, a.step, a.rank)
+    else:
+        pfd, rec = _find(words[0])
+        os.close(pfd)
+        _running(rec)
     from . import join
     tty = a.tty and os.isatty(0)
     plan = join.make_plan(rec, argv, a.env, a.workdir, tty, os.environ)

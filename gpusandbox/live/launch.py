@@ -21,10 +21,14 @@ _READY, _FAILED = b"S", b"E"
 
 
 class Live:
-    def __init__(self, spec):
-        self.name = spec.name or record.auto_name(spec.image)
+    def __init__(self, spec, slurm=None):
+        """`slurm`: (job, step, rank) of the Slurm task this launch is
+        (record.slurm_task), recorded for `exec --job`."""
+        self.name = spec.name or (record.slurm_name(slurm) if slurm and not spec.detach
+                                  else record.auto_name(spec.image))
         self.detached = spec.detach
         self.auto_remove = spec.auto_remove
+        self.slurm = slurm
         self.pfd, self.part, self.dfd = record.claim(self.name)
         self.ready_w = None
         self.rec = None
@@ -47,6 +51,8 @@ class Live:
             "exit_code": None, "finished": None,
             "process": process_settings(plan),
         }
+        if self.slurm:
+            self.rec["slurm"] = dict(zip(("job", "step", "rank"), self.slurm))
         record.write(self.dfd, self.rec)
 
     def command_started(self):

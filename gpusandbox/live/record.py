@@ -61,6 +61,18 @@ def auto_name(image):
     return f"{base}-{os.urandom(3).hex()}"
 
 
+def slurm_task(environ):
+    """(job, step, rank) of the Slurm task this process is, as strings of
+    digits, or None outside a step (or with values that are not numbers)."""
+    ids = tuple(environ.get(k) or "" for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID"))
+    return ids if all(i.isdigit() and len(i) <= 20 for i in ids) else None
+
+
+def slurm_name(task):
+    """The record name of a Slurm task's sandbox that has no --name."""
+    return "slurm-{}.{}.{}".format(*task)
+
+
 def _refused(e):
     return SandboxError(f"sandbox records {e.path}", e.why,
                         f"remove {e.path} and run again" if not e.foreign else rundir.HINT_XDG)
