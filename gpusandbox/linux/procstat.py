@@ -43,9 +43,18 @@ def alive(pid, start):
 
 
 def children(pid):
-    """The pids of `pid`'s children, lowest first ([] when unreadable)."""
+    """The pids of `pid`'s children, lowest first ([] when unreadable):
+    /proc/PID/task/PID/children, else (a kernel without
+    CONFIG_PROC_CHILDREN) every process whose parent it is."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
             return sorted(int(p) for p in f.read().split())
+    except FileNotFoundError:
+        pass
     except (OSError, ValueError):
         return []
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and parent(name) == pid:
+            out.append(int(name))
+    return sorted(out)

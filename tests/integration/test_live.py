@@ -105,7 +105,8 @@ def test_detach_ps_exec_logs_stop_rm(runner, rootfs):
         assert r.returncode == 127 and "command not found" in r.stderr
         r = gsbx(runner, "stop", "-t", "10", name)
         assert r.returncode == 0 and r.stdout == f"{name}\n", r.stderr
-        assert not pids_with(marker)
+        # The log's writer ends once the launcher has (it holds the marker too).
+        assert wait_for(lambda: not pids_with(marker), timeout=10)
         rows = ps(runner, "-a")
         assert rows[name]["state"] == "exited" and rows[name]["exit_code"] == 143
         assert name not in ps(runner)
