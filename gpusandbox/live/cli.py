@@ -190,6 +190,47 @@ def _slurm_target(job, step, rank):
     return rows[0]
 
 
+def _owner_of_job(job, step, rank):
+    """Real root: the uid of the one other user with a running sandbox of
+    this Slurm task on the node, or None.  Their records are read only to
+    pick whose they are: exec then runs as that user (_become), who reads
+    them again as any of their own."""
+    from .. import rundir
+    found = set()
+    for uid, path in record.other_users():
+        try:
+            fd = rundir.trusted_dir(path, uid=uid)
+        except (rundir.Taken, OSError):
+            continue
+        try:
+            for _, rec in record.entries(fd, path, uid, clean=False):
+                t = rec.get("slurm")
+                if isinstance(t, dict) and t.get("job") == job and record.state(rec) == \
+                        "running" and step in (None, t.get("step")) and \
+                        rank in (None, t.get("rank")):
+                    found.add(uid)
+        finally:
+            os.close(fd)
+    return found.pop() if len(found) == 1 else None
+
+
+def _become(uid):
+    """Drop from real root to `uid` for good (its primary group, no other):
+    what follows runs with that user's privileges and finds its directories."""
+    import pwd
+    try:
+        pw = pwd.getpwuid(uid)
+        gid, home = pw.pw_gid, pw.pw_dir
+    except KeyError:
+        gid, home = uid, "/"
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    for var in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME"):
+        os.environ.pop(var, None)
+    os.environ["HOME"] = home
+
+
 def main_exec(argv):
     a = exec_parser().parse_args(argv)
     words = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -215,7 +256,15 @@ def main_exec(argv):
         raise UsageError(f"invalid --workdir {printable(a.workdir)!r}", "not an absolute path",
                          "example: -w /workspace")
     if slurm:
-        rec = _slurm_target(job, a.step, a.rank)
+        try:
+            rec = _slurm_target(job, a.step, a.rank)
+        except SandboxError:
+            # Real root may enter a user's job: as that user, never as root.
+            owner = _owner_of_job(job, a.step, a.rank) if os.geteuid() == 0 else None
+            if owner is None:
+                raise
+            _become(owner)
+            rec = _slurm_target(job, a.step, a.rank)
     else:
         pfd, rec = _find(words[0])
         os.close(pfd)

@@ -47,9 +47,23 @@ def test_exec_into_a_running_rank(tb, rootfs, who, test_user, attack_user):
         r = tb.srun(["--overlap", "--jobid", job, "-n", "1", tb.cli, "exec", "true"],
                     user=user)
         assert r.returncode != 0
-        r = tb.srun(["--overlap", "--jobid", job, "-n", "1", tb.cli, "exec", "--rank", "0",
-                     "true"], user=user)
-        assert r.returncode == 0, r.stderr
+        # Pod mode (two ranks on the node): one pid namespace, a mount namespace each.
+        ns = {}
+        for rank in ("0", "1"):
+            r = tb.srun(["--overlap", "--jobid", job, "-n", "1", tb.cli, "exec", "--rank", rank,
+                         "readlink", "/proc/self/ns/pid", "/proc/self/ns/mnt"], user=user)
+            assert r.returncode == 0, r.stderr
+            ns[rank] = r.stdout.split()
+        assert ns["0"][0] == ns["1"][0] and ns["0"][1] != ns["1"][1]
+        if user is not None:
+            # Real root on the node enters the user's rank as that user, never as root.
+            r = subprocess.run([tb.cli, "exec", "--job", job, "--rank", "1", "sh", "-c",
+                                "id -u; grep CapEff /proc/self/status"],
+                               capture_output=True, text=True, cwd="/", timeout=30,
+                               env={"PATH": "/usr/bin:/bin", "HOME": "/"})
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.split("\n")[0] == str(user.pw_uid)
+            assert "CapEff:\t0000000000000000" in r.stdout
         # Another user: on the node directly, and through Slurm.
         r = subprocess.run(["setpriv", f"--reuid={attack_user.pw_uid}",
                             f"--regid={attack_user.pw_gid}", "--clear-groups", "--", tb.cli,
