@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from .conftest import comm, pids_with, wait_for
+from .conftest import Runner, comm, pids_with, wait_for
 
 # What the sandbox's command and an exec both print about themselves.
 PROBE = ("id -u; id -g; grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status; "
@@ -182,6 +182,10 @@ def test_other_user_can_neither_see_nor_touch(runner, rootfs, attacker):
     try:
         start(runner, rootfs, name, "echo secret-log-line; exec sleep 600")
         assert name not in ps(attacker, "-a")
+        if runner.mode == "rootless":
+            # Real root lists everyone's it finds, labelled by owner.
+            rows = ps(Runner(runner.cli, "root", runner.user), "-a")
+            assert rows[name]["owner"] == runner.uid and rows[name]["state"] == "running"
         for args in (["exec", name, "id"], ["stop", "-t", "0", name], ["kill", name],
                      ["logs", name], ["rm", "-f", name], ["wait", name]):
             r = gsbx(attacker, *args, timeout=20)
@@ -256,5 +260,25 @@ def test_kill_signal_and_bad_input(runner, rootfs):
         assert r.returncode == 125 and "invalid sandbox name" in r.stderr
         r = gsbx(runner, "run", "--name", "-x", str(rootfs), "true")
         assert r.returncode == 125 and "invalid sandbox name" in r.stderr
+    finally:
+        finish(runner, name)
+
+
+def test_exec_gets_the_sandbox_gpus_on_the_simulated_host(runner, rootfs, sim_host):
+    from .test_gpu_cli import smi_uuids
+    name = uniq()
+    want = sim_host.gpus[1]["uuid"]
+    try:
+        start(runner, rootfs, name, "ls /dev | grep nvidia | sort; echo ---; exec sleep 600",
+              "--driver-root", sim_host.root, "--gpus", "device=1")
+        row = ps(runner)[name]
+        assert row["gpus"], row
+        logged = wait_for(lambda: "---" in gsbx(runner, "logs", name).stdout and
+                          gsbx(runner, "logs", name).stdout)
+        r = gsbx(runner, "exec", name, "sh", "-c", "ls /dev | grep nvidia | sort")
+        assert r.returncode == 0 and r.stdout == logged.split("---")[0], r.stderr
+        r = gsbx(runner, "exec", name, "nvidia-smi", "-L")
+        assert r.returncode == 0, r.stderr
+        assert smi_uuids(r.stdout) == [want]
     finally:
         finish(runner, name)
