@@ -92,7 +92,7 @@ def main_ps(argv):
             finally:
                 os.close(fd)
     if not a.all:
-        rows = [r for r in rows if r["state"] == "running"]
+        rows = [r for r in rows if r["state"] in ("running", "starting")]
     if a.json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return 0
@@ -326,8 +326,27 @@ def stop_parser():
     return p
 
 
+def _signal_launcher(rec, sig):
+    fd = _pidfd(rec, "launcher")
+    if fd is not None:
+        try:
+            k.syscall("pidfd_send_signal", fd, sig, None, 0)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def stop(rec, timeout):
-    if record.state(rec) != "running":
+    st = record.state(rec)
+    if st == "starting":
+        # No init yet: the launcher itself ends (its clean-ups run).
+        _signal_launcher(rec, 15)
+        if not _wait_launcher(rec, max(timeout, 1)):
+            _signal_launcher(rec, 9)
+            _wait_launcher(rec, None)
+        return
+    if st != "running":
         return
     if timeout > 0 and _signal(rec, 15) and _wait_launcher(rec, timeout):
         return

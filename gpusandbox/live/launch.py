@@ -31,28 +31,38 @@ class Live:
         self.slurm = slurm
         self.pfd, self.part, self.dfd = record.claim(self.name)
         self.ready_w = None
-        self.rec = None
+        self.rec = {"version": record.VERSION, "name": self.name, "owner": os.geteuid(),
+                    "image": str(spec.image), "argv": list(spec.argv or ()), "gpus": "",
+                    "init": None, "cgroup": "", "created": time.time(),
+                    "detached": bool(self.detached), "exit_code": None, "finished": None}
+        if slurm:
+            self.rec["slurm"] = dict(zip(("job", "step", "rank"), slurm))
+        try:
+            self.claimed()
+        except BaseException:
+            self._drop()
+            raise
+
+    def claimed(self):
+        """The first record, naming this process as the launcher: the name
+        is taken from here on (a launcher that dies now leaves a stale
+        record, which the next look removes)."""
+        me = procstat.start_time(os.getpid())
+        self.rec["launcher"] = [os.getpid(), me[0] if me else None]
+        record.write(self.dfd, self.rec)
 
     # --- the launcher's side ------------------------------------------------
     def started(self, plan, init_pid, cg):
         """init exists (held by the launcher's pidfd): the record, with
         what exec needs to start the command's twin."""
-        me = procstat.start_time(os.getpid())
         it = procstat.start_time(init_pid)
-        spec = plan.spec
-        self.rec = {
-            "version": record.VERSION, "name": self.name, "owner": os.geteuid(),
-            "image": str(spec.image), "argv": list(plan.argv or ()),
+        self.rec.update({
+            "argv": list(plan.argv or ()),
             "gpus": plan.gpu.visible if plan.gpu is not None and not plan.gpu.none else "",
-            "launcher": [os.getpid(), me[0] if me else None],
             "init": [init_pid, it[0] if it else None],
             "cgroup": cg.path if plan.own_cgroup and cg.path else "",
-            "created": time.time(), "detached": bool(self.detached),
-            "exit_code": None, "finished": None,
             "process": process_settings(plan),
-        }
-        if self.slurm:
-            self.rec["slurm"] = dict(zip(("job", "step", "rank"), self.slurm))
+        })
         record.write(self.dfd, self.rec)
 
     def command_started(self):
@@ -66,7 +76,7 @@ class Live:
         """The launch is over with `status`: a detached sandbox's record
         keeps it (until `rm`), any other record goes."""
         self.command_started()
-        if self.rec is None or not self.detached or self.auto_remove:
+        if self.rec.get("init") is None or not self.detached or self.auto_remove:
             self._drop()
             return
         self.rec["exit_code"] = status
@@ -131,6 +141,7 @@ def detach(live):
     os.close(ready_r)
     os.setsid()
     live.ready_w = ready_w
+    live.claimed()      # the launcher is this process from here on
     null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
     out = log.start_writer(live.dfd)
     os.dup2(null, 0)

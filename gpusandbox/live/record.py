@@ -145,12 +145,13 @@ def write(dfd, rec):
 
 
 def state(rec):
-    """running, exited (its status recorded) or stale (launcher gone)."""
+    """starting (no init yet), running, exited (its status recorded) or
+    stale (its launcher gone without one)."""
     if rec.get("exit_code") is not None:
         return "exited"
-    pid, start = rec.get("launcher") or (0, None)
+    pid, start = (rec.get("launcher") or (0, None))[:2]
     if procstat.alive(pid, start):
-        return "running"
+        return "running" if rec.get("init") else "starting"
     return "stale"
 
 
@@ -193,8 +194,8 @@ def claim(name):
                 if dfd is not None:
                     os.close(dfd)
                 if rec is not None and state(rec) != "stale":
-                    what = "a running sandbox" if state(rec) == "running" else \
-                        "a sandbox that has exited"
+                    what = {"running": "a running sandbox", "starting": "a sandbox being started",
+                            "exited": "a sandbox that has exited"}[state(rec)]
                     raise UsageError(f"the name {name!r} is in use by {what} of yours", None,
                                      f"choose another --name, or 'gpusandbox rm -f {name}' "
                                      "first")
@@ -212,9 +213,9 @@ def claim(name):
         raise
 
 
-def _young(pfd, name, seconds=60):
+def _young(pfd, name, seconds=10):
     """Whether live/NAME was made less than `seconds` ago (a launch between
-    its claim and its first record)."""
+    its claim and its first record, a moment)."""
     try:
         st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
     except OSError:

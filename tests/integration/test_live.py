@@ -282,3 +282,19 @@ def test_exec_gets_the_sandbox_gpus_on_the_simulated_host(runner, rootfs, sim_ho
         assert smi_uuids(r.stdout) == [want]
     finally:
         finish(runner, name)
+
+
+def test_stop_a_foreground_named_sandbox(runner, rootfs):
+    name = uniq()
+    p = runner.popen(["--name", name, str(rootfs), "sh", "-c", "exec sleep 600"])
+    try:
+        assert wait_for(lambda: ps(runner).get(name, {}).get("state") == "running", timeout=20)
+        r = gsbx(runner, "stop", "-t", "5", name)
+        assert r.returncode == 0, r.stderr
+        assert p.wait(timeout=20) == 128 + signal.SIGTERM
+        assert name not in ps(runner, "-a")
+        assert not os.path.exists(os.path.join(live_dir(runner), name))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
