@@ -10,7 +10,8 @@ commands:
   run [options] IMAGE [--] [CMD [ARG...]]    run CMD in IMAGE: a directory, a bundle or an image
                                               reference (see 'gpusandbox run --help')
   ps [-a] [--json]                            your named and detached sandboxes (docs/live.md)
-  exec [-t] [-e K=V] [-w DIR] NAME CMD...     run CMD in the running sandbox NAME
+  exec [-t] [-e K=V] [-w DIR] NAME CMD...     run CMD in the running sandbox NAME (--job J --rank R:
+                                              a Slurm rank's)
   stop [-t SECONDS] NAME | kill [-s SIG] NAME  stop it (TERM, then KILL) | signal it
   logs [-f] NAME | wait NAME | rm [-f] NAME   a detached sandbox's output | its exit status |
                                               remove its record and log

@@ -138,6 +138,9 @@ def exec_parser():
                    help="set a variable (KEY alone: the caller's value); repeatable")
     p.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside "
                    "(default: the command's)")
+    p.add_argument("-u", "--user", metavar="UID[:GID]", help="run as this numeric user "
+                   "(only in a sandbox whose command is uid 0 inside; without capabilities "
+                   "unless 0); default: the command's")
     p.add_argument("--job", metavar="JOBID", help="the Slurm job whose task's sandbox to "
                    "enter, instead of NAME (default with --step/--rank: $SLURM_JOB_ID, as "
                    "under 'srun --overlap --jobid JOBID')")
@@ -249,9 +252,10 @@ def main_exec(argv):
             argv = argv[1:]
     if not argv:
         raise UsageError("exec: missing CMD", None, "gpusandbox exec NAME CMD [ARG...]")
-    from ..cli import parse_env_item
+    from ..cli import parse_env_item, parse_user
     for item in a.env:
         parse_env_item(item)
+    user = parse_user(a.user) if a.user is not None else None
     if a.workdir is not None and not a.workdir.startswith("/"):
         raise UsageError(f"invalid --workdir {printable(a.workdir)!r}", "not an absolute path",
                          "example: -w /workspace")
@@ -271,7 +275,7 @@ def main_exec(argv):
         _running(rec)
     from . import join
     tty = a.tty and os.isatty(0)
-    plan = join.make_plan(rec, argv, a.env, a.workdir, tty, os.environ)
+    plan = join.make_plan(rec, argv, a.env, a.workdir, tty, os.environ, user)
     return join.run(rec, plan, tty)
 
 

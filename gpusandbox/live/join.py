@@ -40,9 +40,12 @@ from ..stages.init import _open_pty
 _CGROUP_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
 
 
-def make_plan(rec, argv, env=(), workdir=None, tty=False, host_env=None):
+def make_plan(rec, argv, env=(), workdir=None, tty=False, host_env=None, user=None):
     """The command stage's plan: the recorded settings, with exec's own
-    argv, -e variables and -w directory."""
+    argv, -e variables, -w directory and --user (uid, gid): another user
+    only where the command is uid 0 inside, and then with no capability
+    (docker's rule for a non-root process), so never more than the command
+    has."""
     from ..imageroot import container_path
     p = rec.get("process")
     if not isinstance(p, dict):
@@ -69,6 +72,16 @@ def make_plan(rec, argv, env=(), workdir=None, tty=False, host_env=None):
     plan.umask = p.get("umask") if isinstance(p.get("umask"), int) else None
     plan.seccomp = bytes.fromhex(p["seccomp"]) if p.get("seccomp") else None
     plan.keep_fds = ()
+    if user is not None and tuple(user) != (plan.cmd_uid, plan.cmd_gid):
+        if plan.cmd_uid != 0:
+            raise SandboxError(f"exec --user {user[0]}:{user[1]}: the sandbox's command runs as "
+                               f"uid {plan.cmd_uid}", "exec never runs with another identity "
+                               "than a non-root command's",
+                               f"drop --user, or give --user {plan.cmd_uid}:{plan.cmd_gid}")
+        plan.cmd_uid, plan.cmd_gid = user
+        plan.groups, plan.clear_groups = None, True
+        if plan.cmd_uid != 0:
+            set_caps(plan, None, (plan.cap_bounding, (), (), (), ()))
     return plan
 
 

@@ -298,3 +298,33 @@ def test_stop_a_foreground_named_sandbox(runner, rootfs):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_exec_user_only_drops_privilege(runner, rootfs):
+    name = uniq()
+    try:
+        start(runner, rootfs, name, "exec sleep 600", *(["--root"] if runner.mode == "rootless"
+                                                        else []))
+        r = gsbx(runner, "exec", "-u", "0", name, "id", "-u")
+        assert r.returncode == 0 and r.stdout == "0\n", r.stderr
+        r = gsbx(runner, "exec", "--user", "1000:1000", name, "sh", "-c",
+                 "id -u; id -g; grep CapEff /proc/self/status")
+        if runner.mode == "root":
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.splitlines() == ["1000", "1000", "CapEff:\t0000000000000000"]
+        else:
+            # One id mapped (rootless --root): no other uid exists inside.
+            assert r.returncode == 125 and r.stderr.startswith("gpusandbox: error: ")
+        r = gsbx(runner, "exec", "-u", "x", name, "true")
+        assert r.returncode == 125 and "invalid --user" in r.stderr
+    finally:
+        finish(runner, name)
+    # A non-root command: exec keeps its identity.
+    if runner.mode == "rootless":
+        name = uniq()
+        try:
+            start(runner, rootfs, name, "exec sleep 600")
+            r = gsbx(runner, "exec", "-u", "0", name, "id", "-u")
+            assert r.returncode == 125 and "the sandbox's command runs as uid" in r.stderr
+        finally:
+            finish(runner, name)
