@@ -37,7 +37,9 @@ from ..spec import RunSpec
 from ..stages import channel, command, parent
 from ..stages.init import _open_pty
 
-_CGROUP_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+# Where the host mounts each kind of hierarchy a leaf can be in.
+_CGROUP_MOUNTS = {2: ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"),
+                  1: ("/sys/fs/cgroup/devices",)}
 
 
 def make_plan(rec, argv, env=(), workdir=None, tty=False, host_env=None, user=None):
@@ -97,13 +99,20 @@ def _leaf(rec, init_pid):
     leaf = rec.get("cgroup") or ""
     if not leaf:
         return None
+    version = 1 if rec.get("cgroup_version") == 1 else 2
+    rel = None
     try:
         with open(f"/proc/{init_pid}/cgroup") as f:
-            rel = next((ln[3:].strip() for ln in f if ln.startswith("0::")), None)
+            for ln in f:
+                num, _, rest = ln.rstrip("\n").partition(":")
+                ctrls, _, path = rest.partition(":")
+                if (version == 2 and num == "0" and not ctrls) or \
+                        (version == 1 and "devices" in ctrls.split(",")):
+                    rel = path
     except OSError:
-        rel = None
-    if rel and any(m + rel == leaf or (m + rel).startswith(leaf + "/")
-                   for m in _CGROUP_MOUNTS):
+        pass
+    if rel and any(m + rel.rstrip("/") == leaf or (m + rel).startswith(leaf + "/")
+                   for m in _CGROUP_MOUNTS[version]):
         return leaf
     raise SandboxError(f"sandbox {rec.get('name')!r}: its init is not in the recorded "
                        f"cgroup {leaf}", None, "stop it and start it again")

@@ -60,7 +60,8 @@ class Live:
             "argv": list(plan.argv or ()),
             "gpus": plan.gpu.visible if plan.gpu is not None and not plan.gpu.none else "",
             "init": [init_pid, it[0] if it else None],
-            "cgroup": cg.path if plan.own_cgroup and cg.path else "",
+            # The leaf (cgroup2, or the v1 devices fallback): exec joins it.
+            "cgroup": cg.path or "", "cgroup_version": cg.version if cg.path else None,
             "process": process_settings(plan),
         })
         record.write(self.dfd, self.rec)
