@@ -22,7 +22,6 @@ of a record is used as a host path or trusted beyond the caller's own
 privilege: exec checks the cgroup leaf against init's own, and acts only
 as the record's owner.
 """
-import json
 import os
 import stat
 import time
@@ -30,6 +29,9 @@ import time
 from .. import rundir
 from ..errors import SandboxError, UsageError
 from ..linux import procstat
+# json's C half without the package's import cost: every Slurm rank's launch
+# writes a record.
+from ..oci import fastjson as json
 
 PART = "live"
 RECORD = "record.json"
@@ -124,14 +126,14 @@ def read(dfd, path, uid=None):
         raise SandboxError(f"sandbox record {path}/{RECORD}", e.why, f"remove {path}") from None
     try:
         rec = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return rec if isinstance(rec, dict) and rec.get("version") == VERSION else None
 
 
 def write(dfd, rec):
     """record.json in live/NAME, renamed into place whole."""
-    data = json.dumps(rec, separators=(",", ":")).encode()
+    data = json.dumps(rec).encode()
     tmp = f".{RECORD}.{os.getpid()}"
     try:
         os.unlink(tmp, dir_fd=dfd)
