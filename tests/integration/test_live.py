@@ -4,6 +4,8 @@ second user's attempts; a sandbox steering a later exec; kill -9 of
 everything.  Each test uses names of its own (tests run side by side)."""
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 
@@ -328,3 +330,29 @@ def test_exec_user_only_drops_privilege(runner, rootfs):
             assert r.returncode == 125 and "the sandbox's command runs as uid" in r.stderr
         finally:
             finish(runner, name)
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux not installed")
+def test_exec_tty_follows_window_size_changes(runner, rootfs):
+    name = uniq()
+    sock = f"gsbx-live-{os.urandom(3).hex()}"
+    inner = f"{runner.cli} exec -t {name} sh -c " + shlex.quote(
+        "stty size; trap 'stty size' WINCH; while :; do sleep 0.1; done")
+    if runner.mode == "rootless":
+        inner = f"setpriv --reuid={runner.uid} --regid={runner.gid} --clear-groups -- " + inner
+
+    def tmux(*args):
+        return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True,
+                              timeout=20, env=runner.env({"TERM": "xterm"}))
+
+    def pane():
+        return [ln for ln in tmux("capture-pane", "-p").stdout.splitlines() if ln.strip()]
+    try:
+        start(runner, rootfs, name, "exec sleep 600")
+        assert tmux("new-session", "-d", "-x", "80", "-y", "24", inner).returncode == 0
+        assert wait_for(lambda: "24 80" in pane(), timeout=20), pane()
+        assert tmux("resize-window", "-x", "100", "-y", "40").returncode == 0
+        assert wait_for(lambda: "40 100" in pane(), timeout=20), pane()
+    finally:
+        tmux("kill-server")
+        finish(runner, name)
