@@ -53,8 +53,12 @@ def finish(runner, name):
 def live_dir(runner):
     if runner.mode == "root":
         return "/run/gpusandbox/live"
-    base = f"/tmp/gpusandbox-{runner.uid}"
-    return os.path.join(base, "live")
+    # No XDG_RUNTIME_DIR in the runner's environment: /run/user/UID when the
+    # node has one for the user (gpusandbox/rundir.py), else the /tmp base.
+    run_user = f"/run/user/{runner.uid}"
+    if os.path.isdir(run_user) and os.stat(run_user).st_uid == runner.uid:
+        return os.path.join(run_user, "gpusandbox", "live")
+    return os.path.join(f"/tmp/gpusandbox-{runner.uid}", "live")
 
 
 def test_detach_ps_exec_logs_stop_rm(runner, rootfs):
