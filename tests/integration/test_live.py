@@ -66,6 +66,9 @@ def test_detach_ps_exec_logs_stop_rm(runner, rootfs):
     marker = f"600.{os.getpid()}{int.from_bytes(os.urandom(3), 'big')}"
     try:
         start(runner, rootfs, name, f"{PROBE}; echo ---; exec sleep {marker}")
+        rec_dir = os.path.join(live_dir(runner), name)
+        assert os.path.isfile(os.path.join(rec_dir, "record.json"))
+        assert os.stat(rec_dir).st_uid == runner.uid and os.stat(rec_dir).st_mode & 0o777 == 0o700
         rows = ps(runner)
         assert rows[name]["state"] == "running" and rows[name]["pid"] > 0
         assert rows[name]["image"] == str(rootfs) and rows[name]["command"][0] == "sh"
