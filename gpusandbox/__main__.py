@@ -9,6 +9,12 @@ USAGE = """usage: gpusandbox COMMAND [options]
 commands:
   run [options] IMAGE [--] [CMD [ARG...]]    run CMD in IMAGE: a directory, a bundle or an image
                                               reference (see 'gpusandbox run --help')
+  ps [-a] [--json]                            your named and detached sandboxes (docs/live.md)
+  exec [-t] [-e K=V] [-w DIR] NAME CMD...     run CMD in the running sandbox NAME (--job J --rank R:
+                                              a Slurm rank's)
+  stop [-t SECONDS] NAME | kill [-s SIG] NAME  stop it (TERM, then KILL) | signal it
+  logs [-f] NAME | wait NAME | rm [-f] NAME   a detached sandbox's output | its exit status |
+                                              remove its record and log
   pull REF                                    pull an image into the store (docker://, oci:,
                                               oci-archive:, docker-archive:)
   images [--json]                             the images in the store
@@ -42,6 +48,13 @@ commands:
 _COMMANDS = {
     "info": ("gpusandbox.gpu.report", "main_info"),
     "config": ("gpusandbox.configcli", "main"),
+    "ps": ("gpusandbox.live.cli", "main_ps"),
+    "exec": ("gpusandbox.live.cli", "main_exec"),
+    "stop": ("gpusandbox.live.cli", "main_stop"),
+    "kill": ("gpusandbox.live.cli", "main_kill"),
+    "logs": ("gpusandbox.live.cli", "main_logs"),
+    "wait": ("gpusandbox.live.cli", "main_wait"),
+    "rm": ("gpusandbox.live.cli", "main_rm"),
     "list": ("gpusandbox.gpu.report", "main_list"),
     "doctor": ("gpusandbox.doctor", "main"),
     "cdi": ("gpusandbox.oci.cdi.cli", "main"),

@@ -85,7 +85,12 @@ Process:
                               PYTHONPATH unless given with -e)
   -t, --tty                   allocate a pseudo-terminal when stdin is a terminal
   -i, --interactive           accepted for docker's habit (-it, -ti): stdin is always the caller's
-  --rm                        accepted for docker's habit: a sandbox never outlives its command
+  --name NAME                 name the sandbox (unique among yours): 'gpusandbox exec NAME',
+                              'ps', 'stop', 'logs' find it (docs/live.md)
+  -d, --detach                run in the background: print the name once the command started,
+                              output to a log ('gpusandbox logs NAME'), status kept until 'rm'
+  --rm                        with -d: remove the record when the sandbox ends (without -d a
+                              sandbox never outlives its command, and leaves no record)
   --seccomp PROFILE|unconfined  seccomp profile name (default, profiling) or JSON file
 cgroup:
   --cgroup-parent PATH        parent cgroup for the sandbox's leaf (default: the launcher's)
@@ -123,7 +128,7 @@ _OPTS = {
     "--platform": "platform", "--store": "store",
     "--gpu-memory": "gpu_memory", "--gpu-compute": "gpu_compute", "--cuda-compat": "cuda_compat",
     "--share": "share", "--shm-size": "shm_size", "--gpu-visibility": "gpu_visibility",
-    "--profile": "profile",
+    "--profile": "profile", "--name": "name",
 }
 _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
@@ -132,7 +137,8 @@ _FLAGS = {
     "--mount-home": "mount_home", "--no-mount-home": "no_mount_home",
     # docker's habits with nothing to do here: stdin is always passed on, and
     # a sandbox never outlives its command.
-    "-i": None, "--interactive": None, "--rm": None,
+    "-i": None, "--interactive": None, "--rm": "auto_remove",
+    "-d": "detach", "--detach": "detach",
 }
 # The options that take one of a few words (checked by _option; shell
 # completion offers them).
@@ -287,6 +293,9 @@ def _option(spec, name, val):
     elif attr == "profile":
         from .profile import parse
         spec.profile = parse(val)
+    elif attr == "name":
+        from .live.record import check_name
+        spec.name = check_name(val)
     else:
         setattr(spec, attr, val)
 
@@ -373,6 +382,37 @@ def looks_local(image):
     return image.startswith(("oci:", "oci-archive:", "docker-archive:"))
 
 
+def _slurm_record(spec):
+    """A Slurm task's sandbox is recorded (slurm-JOB.STEP.RANK) for `exec
+    --job`; where no record can be kept the launch goes on without one."""
+    from .live.launch import Live
+    from .live.record import slurm_task
+    task = slurm_task(os.environ)
+    if task is None:
+        return
+    try:
+        spec.live = Live(spec, task)
+    except SandboxError:
+        spec.live = None
+
+
+def _live_launch(spec):
+    """run --name/--detach: the record claimed first, then (-d) the detach."""
+    from .live.launch import Live, detach
+    from .live.record import slurm_task
+    from .stages.parent import launch
+    if spec.detach and spec.tty:
+        _bad("-t and -d together", "a detached sandbox has no terminal",
+             "drop -t, and use 'gpusandbox exec -t NAME sh' for a shell in it")
+    if spec.live is None:
+        spec.live = Live(spec, slurm_task(os.environ))
+    if spec.detach:
+        detach(spec.live)
+    status = launch(spec)
+    spec.live.ended(status)
+    return status
+
+
 def main_run(argv):
     spec = None
     try:
@@ -394,9 +434,17 @@ def main_run(argv):
                 not names_squashfs(spec.image):
             _bad("--entrypoint and --platform apply to image references", None,
                  "IMAGE_DIR is a directory: give the command after it")
+        if spec.name or spec.detach:
+            return _live_launch(spec)
+        if os.environ.get("SLURM_STEP_ID") is not None:
+            _slurm_record(spec)
+            if spec.live is not None:
+                return _live_launch(spec)
         from .stages.parent import launch
         return launch(spec)
     except SandboxError as e:
+        if spec is not None and spec.live is not None:
+            spec.live.failed(e)
         report(e)
         return e.code
     except KeyboardInterrupt as e:
@@ -406,10 +454,16 @@ def main_run(argv):
         quiet_signals()
         err = interrupted(e, "run", RESUME_HINT if spec is not None and spec.image_ref
                           else None)
+        if spec is not None and spec.live is not None:
+            spec.live.failed(err)
         report(err)
         return err.code
     except OSError as e:
         # Last resort: an OSError that escaped a stage still gets one line.
         from .errors import os_error
-        report(os_error("run", e))
+        err = os_error("run", e)
+        err.code = EXIT_LAUNCHER
+        if spec is not None and spec.live is not None:
+            spec.live.failed(err)
+        report(err)
         return EXIT_LAUNCHER

@@ -2,7 +2,7 @@
 made, how it is checked (docs/runtime.md).  No other module makes these.
 
     real root      /run/gpusandbox/            root's, 0755
-                       pods/ mps/ nodeimage/ oci-memo/   0700
+                       pods/ mps/ nodeimage/ oci-memo/ live/   0700
                        oci/                    0755: files the precreate filter
                                                generates, which a user-namespaced
                                                runtime (podman --userns) binds
@@ -49,6 +49,8 @@ PARTS = {
     "mps": (0o700, 0o700),
     "nodeimage": (0o700, 0o700),
     "oci-memo": (0o700, 0o700),
+    # named and detached sandboxes' records and logs (live/record.py)
+    "live": (0o700, 0o700),
     "oci": (0o755, 0o700),
 }
 ROOT_BASE_MODE = 0o755

@@ -85,6 +85,9 @@ class RunSpec:
         # an OCI runtime launch: its config.json read as typed data
         # (oci/configplan.OciRequest), else None
         "oci",
+        # run --name/--detach: name, detach, auto-remove, and the launch's
+        # record (live/launch.Live, set by the front end), else None
+        "name", "detach", "auto_remove", "live",
     )
 
     def __init__(self):
@@ -141,3 +144,7 @@ class RunSpec:
         self.profile = None          # untrusted, or None
         self.mount_home = None       # True | False | None (the setting)
         self.oci = None
+        self.name = None
+        self.detach = False
+        self.auto_remove = False
+        self.live = None

@@ -4,24 +4,20 @@ being reported: difflib is not on the launch path."""
 
 # docker/podman run options with no equivalent here: (why, hint).
 DOCKER_ONLY = {
-    "--detach": ("sandboxes run in the foreground",
-                 "put the command in the background with your shell (&, nohup, setsid)"),
     "--publish": ("there is no port mapping",
                   "in the host's network (--net host) the command binds the host's ports itself"),
-    "--name": ("sandboxes have no names", "each one lives as long as its command"),
     "--network": ("the option is --net", "use --net host or --net none"),
     "--tmpfs": ("the option is --mount", "use --mount type=tmpfs,dst=DIR[,tmpfs-size=SIZE]"),
     "--privileged": ("not offered", "the device filter, seccomp and capability limits always "
                      "apply; select devices with --gpus and --device"),
 }
-DOCKER_ONLY["-d"] = DOCKER_ONLY["--detach"]
 DOCKER_ONLY["-p"] = DOCKER_ONLY["--publish"]
 
 
-# docker/podman commands for containers that outlive their command.
-LIFECYCLE = ("ps", "exec", "stop", "kill", "logs", "attach", "start", "create", "wait")
-LIFECYCLE_WHY = ("sandboxes are not kept: each lives as long as its 'gpusandbox run' "
-                 "(no ps, exec, stop or logs)")
+# docker/podman commands for containers kept beyond their command.
+LIFECYCLE = ("attach", "start", "create", "restart")
+LIFECYCLE_WHY = ("a sandbox lives as long as its command and is never restarted: 'run -d' "
+                 "starts one in the background, 'exec' runs more in it (docs/live.md)")
 
 
 def unknown_command(cmd, commands):

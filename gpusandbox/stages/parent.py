@@ -101,6 +101,8 @@ def launch(spec):
         gc.freeze()
         gc.enable()
         pid, child, go_w, err_r = spawn_init(plan, cg, tty, wait, member, hold=True)
+        if spec.live is not None:
+            spec.live.started(plan, pid, cg)     # run --name/--detach: its record
         _write_maps(plan, pid)
         if v1_join:
             # cgroup v1 fallback: clone3 cannot join a v1 cgroup, so join by pid
@@ -116,7 +118,8 @@ def launch(spec):
             tty[0].close()
             master = fds[0] if fds else None
         try:
-            status = _supervise(child, err_r, master)
+            status = _supervise(child, err_r, master,
+                                spec.live.command_started if spec.live is not None else None)
         except SandboxError as e:
             if e.code == 127:
                 _no_gpu(plan, e)
@@ -286,9 +289,10 @@ class _Child:
         os.close(self.fd)
 
 
-def _supervise(child, err_r, master):
+def _supervise(child, err_r, master, on_start=None):
     """Forward signals to init, relay the terminal, collect the first error
-    record, and return the sandbox's status once init exits."""
+    record, and return the sandbox's status once init exits.  `on_start` is
+    called once the command has started (the channel closed with no record)."""
     import _signal
     import select
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -321,6 +325,8 @@ def _supervise(child, err_r, master):
                 errbuf += chunk
             else:
                 watch.remove(err_r)
+                if on_start is not None and not errbuf:
+                    on_start()
         if term and status is None:
             term.relay(ready, watch)
     if term:

@@ -158,8 +158,8 @@ def test_suggestions_and_usage(cli, root_runner, rootfs):
     one_error(r, 125, "unknown command: pul; did you mean pull?")
     r = root_runner.run(["--gpu", "0", str(rootfs), "true"])
     one_error(r, 125, "unknown option '--gpu'; did you mean --gpus?")
-    r = root_runner.run(["-d", str(rootfs), "true"])
-    one_error(r, 125, "unknown option '-d': sandboxes run in the foreground")
+    r = root_runner.run(["-p", "80:80", str(rootfs), "true"])
+    one_error(r, 125, "unknown option '-p': there is no port mapping")
     r = subprocess.run([cli, "run"], capture_output=True, text=True, env=env)
     hint = one_error(r, 125, "missing IMAGE")
     help_text = subprocess.run([cli, "run", "--help"], capture_output=True, text=True,

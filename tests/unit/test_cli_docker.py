@@ -30,12 +30,23 @@ def test_interactive_tty_spellings(opts):
 
 
 def test_i_and_rm_alone_change_nothing():
+    # --rm only matters with -d (a detached sandbox's record removed at its end).
     plain = parse()
     for opts in (["-i"], ["--rm"], ["--interactive"]):
         spec = parse(*opts)
         assert spec.tty is False
-        assert {s: getattr(spec, s) for s in spec.__slots__ if s != "binds"} == \
-            {s: getattr(plain, s) for s in plain.__slots__ if s != "binds"}
+        assert {s: getattr(spec, s) for s in spec.__slots__ if s not in ("binds", "auto_remove")} \
+            == {s: getattr(plain, s) for s in plain.__slots__ if s not in ("binds", "auto_remove")}
+
+
+def test_name_and_detach_are_parsed_and_a_bad_name_refused():
+    spec = parse("-d", "--name", "train.1_a-b", "--rm")
+    assert spec.detach and spec.name == "train.1_a-b" and spec.auto_remove
+    assert parse("-dit").detach
+    for bad in ("", "-x", ".hidden", "a/b", "a b", "x" * 65, "caf\u00e9"):
+        e = refused("--name", bad)
+        assert e.line().startswith("invalid sandbox name"), bad
+        assert "letters, digits" in e.hint
 
 
 def test_short_clusters_take_a_value_last():
@@ -174,9 +185,8 @@ def test_unknown_option_suggests(opt, line):
 
 
 @pytest.mark.parametrize("opt,needle", [
-    ("-d", "sandboxes run in the foreground"), ("--detach", "sandboxes run in the foreground"),
     ("-p", "there is no port mapping"), ("--network", "the option is --net"),
-    ("--tmpfs", "the option is --mount"), ("--name", "sandboxes have no names"),
+    ("--tmpfs", "the option is --mount"),
 ])
 def test_docker_options_not_taken_say_why(opt, needle):
     e = refused(opt)
@@ -214,8 +224,8 @@ def test_unknown_command_suggests(cmd, line):
 
 
 def test_docker_lifecycle_commands_say_why():
-    line = unknown_command("ps", ["run", "mps"])
-    assert line.startswith("unknown command: ps: sandboxes are not kept")
+    line = unknown_command("attach", ["run", "mps"])
+    assert line.startswith("unknown command: attach: a sandbox lives as long as its command")
 
 
 def test_the_launch_path_stays_lean():

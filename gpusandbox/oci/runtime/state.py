@@ -22,6 +22,7 @@ The container's init is named by its pid and its start time (field 22 of
 import os
 
 from ...errors import SandboxError
+from ...linux import procstat
 from .. import fastjson as json
 
 # Removed first on delete: the shell entry answers from it, else falls back.
@@ -172,14 +173,9 @@ def _read_state(dfd, d):
 
 
 def start_time(pid):
-    """Field 22 of /proc/PID/stat, or None when the pid is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2:].split()
-    return int(rest[19]), rest[0].decode()
+    """(start time, state) of `pid` (field 22 of /proc/PID/stat), or None
+    when the pid is gone."""
+    return procstat.start_time(pid)
 
 
 def load(root, cid):
