@@ -80,6 +80,8 @@ class RunSpec:
         "share", "shm_size", "gpu_visibility",
         # --profile untrusted (profile.py)
         "profile",
+        # the network half (fabric/, docs/fabric.md): --fabric, --fabric-libs, --mpi
+        "fabric", "fabric_libs", "mpi",
         # an OCI runtime launch: its config.json read as typed data
         # (oci/configplan.OciRequest), else None
         "oci",
@@ -137,4 +139,7 @@ class RunSpec:
         self.shm_size = None
         self.gpu_visibility = None   # task | step
         self.profile = None          # untrusted, or None
+        self.fabric = None           # auto | all | none | HCA names; None: fabric/select.py
+        self.fabric_libs = None      # host | None (the image's own rdma-core)
+        self.mpi = None              # host | None
         self.oci = None

@@ -1,0 +1,41 @@
+"""The plan's fabric: RDMA adapters, GPUDirect, NVSwitch and IMEX nodes
+(gpusandbox/fabric), after the GPUs are chosen, so that `auto` can give the
+task the HCAs nearest its own GPUs.  Part of the planner: pure data, no
+syscalls beyond the stat and read calls discovery makes.
+
+A launch with no GPU, no --fabric and none of the caller's fabric variables
+imports nothing of gpusandbox.fabric."""
+from .fabric import CALLER_VARS
+
+
+def caller_env(host_env, user_rows):
+    """The caller's word: its environment, overridden by its -e and
+    --env-file rows.  The image's rows are not in it: an image cannot widen
+    what the caller allowed."""
+    env = dict(host_env)
+    env.update(user_rows)
+    return env
+
+
+def fabric(plan, spec, user_rows, host_env):
+    """Add the fabric's nodes, rules and variables to the plan; return the
+    variables (NCCL_IB_HCA, UCX_NET_DEVICES) for the environment table's GPU
+    row, which the caller's -e rows still override."""
+    gpus = plan.gpu.node_gpus() if plan.gpu is not None else []
+    if spec.fabric is None and plan.gpu is None and \
+            not any(v in host_env for v in CALLER_VARS) and \
+            not any(k in CALLER_VARS for k, _ in user_rows):
+        return {}
+    from .fabric import discover, inject, select
+    from .plandev import driver_roots
+    env = caller_env(host_env, user_rows)
+    req = select.from_caller(spec.fabric, env, bool(gpus))
+    if not req:
+        return {}
+    host = discover.discover(*driver_roots(spec, host_env))
+    res = inject.build(req, host, gpus, env)
+    plan.edits.extend(res.edits)
+    plan.device_rules = list(plan.device_rules or []) + res.rules
+    plan.warnings += res.warnings
+    plan.notes += res.notes
+    return res.edits.env
