@@ -53,8 +53,10 @@ Fabric (docs/fabric.md):
                               sets NCCL_IB_HCA and UCX_NET_DEVICES unless the caller did.
                               Also read: MELLANOX_VISIBLE_DEVICES, NVIDIA_MOFED, NVIDIA_GDRCOPY,
                               NVIDIA_GDS, NVIDIA_NVSWITCH, NVIDIA_IMEX_CHANNELS (the caller's only)
-  --fabric-libs host          inject the host's libibverbs, librdmacm and their providers
-  --mpi host                  replace the image's MPI by the host's (MPICH ABI, checked)
+  --fabric-libs host|image    host: inject the host's libibverbs, librdmacm and their providers;
+                              image: the image's own rdma-core (the default)
+  --mpi host|image            host: replace the image's MPI by the host's (MPICH ABI, checked);
+                              image: the image's own (the default)
 Identity and namespaces:
   --root                      map the caller to uid 0 inside (rootless fakeroot)
   --userns auto|single|subids|host
