@@ -22,6 +22,20 @@ def fabric(plan, spec, user_rows, host_env):
     variables (NCCL_IB_HCA, UCX_NET_DEVICES) for the environment table's GPU
     row, which the caller's -e rows still override."""
     gpus = plan.gpu.node_gpus() if plan.gpu is not None else []
+    libs = spec.fabric_libs == "host"
+    mpi = spec.mpi == "host"
+    if libs or mpi:
+        env = caller_env(host_env, user_rows)
+        if plan.host_root:
+            plan.notes.append("fabric: the host's own root already has the host's libraries: "
+                              "--fabric-libs/--mpi host add nothing")
+        else:
+            if libs:
+                from .fabric import verbs
+                verbs.plan_verbs(plan, plan.rootfd)
+            if mpi:
+                from .fabric import mpi as mpimod
+                mpimod.plan_mpi(plan, plan.rootfd, env)
     if spec.fabric is None and plan.gpu is None and \
             not any(v in host_env for v in CALLER_VARS) and \
             not any(k in CALLER_VARS for k, _ in user_rows):
