@@ -173,3 +173,27 @@ def test_filter_denies_an_hca_reached_by_hand(runner, fabric_host, rootfs):
         results[k] = r.stdout.strip()
     assert results[2] == "ENXIO"
     assert results[5] == ("EPERM" if runner.mode == "root" else "ENXIO"), results
+
+
+def test_info_and_list_show_the_fabric(runner, fabric_host):
+    r = runner.run(["info", "--driver-root", fabric_host["root"], "--json"])
+    assert r.returncode == 0, r.stderr
+    fab = json.loads(r.stdout)["fabric"]
+    assert [(h["name"], h["bus_id"], h["numa"], h["link"], h["same_switch_gpus"])
+            for h in fab["hcas"]] == [(h["name"], h["bus_id"], h["numa"], "InfiniBand", [h["gpu"]])
+                                      for h in fabric_host["fabric"]["hcas"]]
+    assert fab["imex_channels"] == [0, 1, 2, 3] and fab["gds_nodes"] == 16
+    assert fab["gpudirect_rdma"] is True and fab["problems"] == []
+    r = runner.run(["info", "--driver-root", fabric_host["root"]])
+    assert "hca mlx5_4: InfiniBand  bus 0000:44:00.0  numa 1  ports 1:ACTIVE  beside gpu 4" \
+        in r.stdout.splitlines(), r.stdout
+    r = runner.run(["list", "--driver-root", fabric_host["root"], "--gpus", "2,5", "--json"])
+    assert r.returncode == 0, r.stderr
+    fab = json.loads(r.stdout)["fabric"]
+    root = fabric_host["root"]
+    assert fab["devices"] == [f"{root}/dev/infiniband/uverbs2", f"{root}/dev/infiniband/uverbs5",
+                              f"{root}/dev/infiniband/rdma_cm"]
+    assert fab["env"] == {"NCCL_IB_HCA": "=mlx5_2:1,mlx5_5:1", "UCX_NET_DEVICES": "mlx5_2:1,mlx5_5:1"}
+    r = runner.run(["list", "--driver-root", fabric_host["root"], "--gpus", "2", "--fabric", "none",
+                    "--json"])
+    assert json.loads(r.stdout)["fabric"]["devices"] == []
