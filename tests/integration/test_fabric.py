@@ -197,3 +197,24 @@ def test_info_and_list_show_the_fabric(runner, fabric_host):
     r = runner.run(["list", "--driver-root", fabric_host["root"], "--gpus", "2", "--fabric", "none",
                     "--json"])
     assert json.loads(r.stdout)["fabric"]["devices"] == []
+
+
+def test_doctor_mpi_with_and_without_hcas(runner, fabric_host, sim_host):
+    env = {"NVIDIA_VISIBLE_DEVICES": "5", "SLURM_NNODES": "2"}
+    r = runner.run(["doctor", "--mpi", "--driver-root", fabric_host["root"]], env=env)
+    lines = [" ".join(ln.split()) for ln in r.stdout.splitlines()]
+    assert "PASS RDMA adapters GPU(s) 5: mlx5_5 (InfiniBand): the same PCIe switch as GPU 5 " \
+           "(0000:0b:00.0)" in lines, r.stdout
+    assert "PASS GPU 5 to HCA mlx5_5: the same PCIe switch" in lines, r.stdout
+    assert "PASS GPUDirect RDMA nvidia-peermem loaded" in lines, r.stdout
+    assert "PASS transport (NCCL, UCX) NCCL: IB verbs on =mlx5_5:1; UCX: rc/ud/dc on mlx5_5:1" \
+        in lines, r.stdout
+    # The simulated 4-GPU host has no HCA: a 2-node job is told loudly, and doctor fails.
+    r = runner.run(["doctor", "--mpi", "--driver-root", sim_host.root], env=env)
+    assert r.returncode == 1
+    lines = [" ".join(ln.split()) for ln in r.stdout.splitlines()]
+    assert any(ln.startswith("FAIL RDMA adapters this host has none (/sys/class/infiniband is "
+                             "empty): NCCL and MPI between nodes use TCP sockets (10-50x slower) "
+                             "in this 2-node job") for ln in lines), r.stdout
+    assert any(ln.startswith("FAIL transport (NCCL, UCX) NCCL: Socket (TCP); UCX: tcp between "
+                             "nodes") for ln in lines), r.stdout
