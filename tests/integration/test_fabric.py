@@ -218,3 +218,13 @@ def test_doctor_mpi_with_and_without_hcas(runner, fabric_host, sim_host):
                              "in this 2-node job") for ln in lines), r.stdout
     assert any(ln.startswith("FAIL transport (NCCL, UCX) NCCL: Socket (TCP); UCX: tcp between "
                              "nodes") for ln in lines), r.stdout
+
+
+def test_memlock_is_the_callers(runner, fabric_host, rootfs):
+    """RDMA pins memory up to RLIMIT_MEMLOCK: the sandbox keeps the caller's
+    soft and hard limits (raising them needs CAP_SYS_RESOURCE on the host)."""
+    cmd = ["prlimit", "--memlock=1048576:2097152", "--"] + runner.argv(
+        ["--driver-root", fabric_host["root"], "--gpus", "device=0", str(rootfs),
+         "sh", "-c", "ulimit -l; ulimit -Hl"])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=runner.env(), cwd="/")
+    assert (r.returncode, r.stdout.split()) == (0, ["1024", "2048"]), r.stderr
