@@ -99,7 +99,11 @@ def char_devices(fab):
 
 def _pci_dev(sysd, path, bdf, cls, numa, vendor, device):
     d = f"{sysd}/devices/{path}/{bdf}"
-    for name, val in (("vendor", vendor), ("device", device), ("class", cls),
+    c = int(cls, 16)
+    # The match string providers are chosen by (libibverbs reads device/modalias).
+    alias = (f"pci:v{int(vendor, 16):08X}d{int(device, 16):08X}sv{int(vendor, 16):08X}"
+             f"sd00000000bc{c >> 16:02X}sc{(c >> 8) & 0xff:02X}i{c & 0xff:02X}")
+    for name, val in (("vendor", vendor), ("device", device), ("class", cls), ("modalias", alias),
                       ("numa_node", str(numa)), ("local_cpulist", ""),
                       ("current_link_width", "16"), ("current_link_speed", "32.0 GT/s PCIe")):
         write(f"{d}/{name}", val + "\n", 0o444)

@@ -159,3 +159,37 @@ def test_host_verbs_libraries_resolve_in_the_sandbox(runner, images):
     assert int(count) == len([n for n in os.listdir(PROVIDERS)
                               if n.endswith(".so")])
     assert all(p.startswith("/run/gpusandbox/fabric/lib/") for p in eval(maps)), maps
+
+
+LIST_VERBS = ("import ctypes\n"
+              "l = ctypes.CDLL('libibverbs.so.1')\n"
+              "n = ctypes.c_int()\n"
+              "l.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)\n"
+              "l.ibv_get_device_name.restype = ctypes.c_char_p\n"
+              "l.ibv_get_device_name.argtypes = [ctypes.c_void_p]\n"
+              "devs = l.ibv_get_device_list(ctypes.byref(n))\n"
+              "print(' '.join(l.ibv_get_device_name(devs[i]).decode() for i in range(n.value)))\n")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(PROVIDERS), reason="needs the host's rdma-core")
+def test_host_libibverbs_lists_only_the_tasks_hca(runner, images, cli):
+    """The host's libibverbs in the sandbox, reading the simulated host's
+    sysfs (SYSFS_PATH: this kernel has no RDMA netlink to ask), lists the
+    HCA beside the task's GPU and none of the seven others: it skips a
+    device whose /dev/infiniband/uverbsN the sandbox lacks, so what it
+    lists is what the launcher really put there."""
+    base = tempfile.mkdtemp(prefix="gsbx-test-verbs-", dir="/tmp")
+    os.chmod(base, 0o755)
+    root = os.path.join(base, "host")
+    try:
+        r = subprocess.run([cli, "sim", "create", root, "--gpus", "8", "--hcas", "8"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        r = runner.run(["--driver-root", root, "--gpus", "device=6", "--fabric-libs", "host",
+                        "-v", f"{root}/sys:/simsys:ro", "-e", "SYSFS_PATH=/simsys",
+                        images["mpich"], "python3", "-c", LIST_VERBS])
+        assert (r.returncode, r.stdout) == (0, "mlx5_6\n"), r.stderr
+    finally:
+        subprocess.run([cli, "sim", "destroy", root], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
