@@ -20,7 +20,12 @@ def caller_env(host_env, user_rows):
 def fabric(plan, spec, user_rows, host_env):
     """Add the fabric's nodes, rules and variables to the plan; return the
     variables (NCCL_IB_HCA, UCX_NET_DEVICES) for the environment table's GPU
-    row, which the caller's -e rows still override."""
+    row, which the caller's -e rows still override.
+
+    An OCI config's process.env is its caller's word (the engine wrote it,
+    as the toolkit reads it), so for that door it counts as the caller's."""
+    if spec.oci is not None and spec.image_env is not None:
+        user_rows = list(spec.image_env[0]) + list(user_rows)
     gpus = plan.gpu.node_gpus() if plan.gpu is not None else []
     libs = spec.fabric_libs == "host"
     mpi = spec.mpi == "host"

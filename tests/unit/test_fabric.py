@@ -130,3 +130,28 @@ def test_unknown_hca_is_one_line(topo):
     with pytest.raises(UsageError) as e:
         inject.build(select.from_caller("mlx5_0,ib9", {}, True), topo, [], {})
     assert e.value.line() == "--fabric: unknown HCA 'ib9': this host has mlx5_0, mlx5_1, mlx5_2"
+
+
+def _plan_and_spec(oci, image_env):
+    from types import SimpleNamespace
+    from gpusandbox.edits import ContainerEdits
+    plan = SimpleNamespace(gpu=None, edits=ContainerEdits(), device_rules=None, warnings=[],
+                           notes=[], host_root=False, rootfd=None)
+    spec = SimpleNamespace(fabric=None, fabric_libs=None, mpi=None, oci=oci,
+                           image_env=(image_env, "/"), driver_root=None, dev_root=None)
+    return plan, spec
+
+
+def test_an_oci_configs_environment_is_the_callers_an_images_is_not(tmp_path):
+    """NVIDIA_MOFED=enabled asks for every HCA; the driver root here has none,
+    which the plan's warning says: the variable was read."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n")
+    env = {"GPUSANDBOX_DRIVER_ROOT": str(tmp_path)}
+    rows = [("NVIDIA_MOFED", "enabled")]
+    plan, spec = _plan_and_spec(object(), rows)          # an OCI config's process.env
+    planfabric.fabric(plan, spec, [], env)
+    assert plan.warnings and "asks for RDMA adapters" in plan.warnings[0]
+    plan, spec = _plan_and_spec(None, rows)              # a store image's ENV
+    assert planfabric.fabric(plan, spec, [], env) == {}
+    assert plan.warnings == [] and not plan.edits
