@@ -35,12 +35,8 @@ def fabric(plan, spec, user_rows, host_env):
             plan.notes.append("fabric: the host's own root already has the host's libraries: "
                               "--fabric-libs/--mpi host add nothing")
         else:
-            if libs:
-                from .fabric import verbs
-                verbs.plan_verbs(plan, plan.rootfd)
-            if mpi:
-                from .fabric import mpi as mpimod
-                mpimod.plan_mpi(plan, plan.rootfd, env)
+            from .fabric import userspace
+            userspace.plan_userspace(plan, plan.rootfd, libs, mpi, env)
     if spec.fabric is None and plan.gpu is None and \
             not any(v in host_env for v in CALLER_VARS) and \
             not any(k in CALLER_VARS for k, _ in user_rows):

@@ -104,6 +104,10 @@ def close_over(inj, host, image_names, what, more=()):
     raise LibError for one neither side has."""
     seen = set()
     todo = [hp for _, hp in inj.libs] + list(more)
+    # Plugins find their siblings through their RUNPATH ($ORIGIN): UCX's
+    # libuct_rdmacm needs libuct_ib beside it, not in any cache.
+    beside = {os.path.basename(p) for p in more}
+    beside |= {n for n in (getattr(elf.read(p), "soname", None) for p in more) if n}
     while todo:
         path = todo.pop(0)
         if path in seen:
@@ -113,7 +117,7 @@ def close_over(inj, host, image_names, what, more=()):
         if d is None:
             raise LibError(f"{what}: {path}", "not a readable 64-bit ELF shared object")
         for dep in d.needed:
-            if _glibc(dep) or dep in inj._names or dep in image_names:
+            if _glibc(dep) or dep in inj._names or dep in image_names or dep in beside:
                 continue
             hp = host.get(dep)
             if hp is None:

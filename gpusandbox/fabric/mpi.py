@@ -54,16 +54,12 @@ def host_mpi(caller_env, host):
     return out
 
 
-def plan_mpi(plan, rootfd, caller_env):
-    """Replace the image's MPI by the host's in plan.edits; raise LibError
+def add_mpi(plan, rootfd, inj, host, image, caller_env):
+    """Add the host's MPI to `inj` under the image's names; raise LibError
     with the mismatch."""
     compat = caller_env.get("GPUSANDBOX_MPI_COMPAT", "major")
     if compat not in COMPAT:
         raise LibError(f"GPUSANDBOX_MPI_COMPAT={compat}", "expected major, full or strict")
-    host = hostlibs.host_cache()
-    image_list = hostlibs.image_entries(rootfd)
-    image = hostlibs._native(image_list)
-    inj = hostlibs.Injection()
     replaced = 0
     for hp in host_mpi(caller_env, host):
         d = elf.read(hp)
@@ -104,6 +100,3 @@ def plan_mpi(plan, rootfd, caller_env):
         raise LibError("--mpi host: the image has no MPI library to replace",
                        "its loader cache lists no libmpi.so.*/libmpich.so.*",
                        "run ldconfig in the image, or drop --mpi host")
-    hostlibs.close_over(inj, host, set(image), "mpi")
-    hostlibs.check_glibc(inj, rootfd, image, "--mpi host")
-    hostlibs.apply(plan, rootfd, inj, image_list)

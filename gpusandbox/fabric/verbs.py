@@ -10,23 +10,22 @@ loader cache (hostlibs.py); the providers and /etc/libibverbs.d are bound
 at the host's own paths, which the host's libibverbs looks in."""
 import os
 
-from . import elf, hostlibs
+from . import elf
 from .hostlibs import RO, LibError
 
 SONAMES = ("libibverbs.so.1", "librdmacm.so.1")
 DRIVERS = "/etc/libibverbs.d"
 
 
-def plan_verbs(plan, rootfd):
+def add_verbs(plan, inj, host):
+    """Add the host's libibverbs, librdmacm and providers to `inj`, the
+    providers' and driver list's mounts to plan.edits; return the providers'
+    host files (for the dependency closure)."""
     from gpusandbox.edits import Mount
-    host = hostlibs.host_cache()
     if "libibverbs.so.1" not in host:
         raise LibError("--fabric-libs host", "the host's loader cache has no libibverbs.so.1",
                        "install rdma-core (libibverbs1, librdmacm1, ibverbs-providers) "
                        "on the host, or leave the image's own (--fabric-libs image)")
-    image_list = hostlibs.image_entries(rootfd)
-    image = hostlibs._native(image_list)
-    inj = hostlibs.Injection()
     for name in SONAMES:
         if name in host:
             inj.add(name, host[name])
@@ -51,6 +50,4 @@ def plan_verbs(plan, rootfd):
         plan.edits.mounts.append(Mount(DRIVERS, DRIVERS, RO))
     inj.notes.append(f"fabric-libs: the host's libibverbs, librdmacm and {len(providers)} "
                      f"provider(s) from {provdir}")
-    hostlibs.close_over(inj, host, set(image), "--fabric-libs host", more=providers)
-    hostlibs.check_glibc(inj, rootfd, image, "--fabric-libs host")
-    hostlibs.apply(plan, rootfd, inj, image_list)
+    return providers

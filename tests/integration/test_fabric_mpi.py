@@ -17,11 +17,12 @@ import pytest
 
 MPICH = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"
 OPENMPI = "/usr/lib/x86_64-linux-gnu/libmpi.so.40"
-pytestmark = pytest.mark.skipif(
+HAVE_MPI = pytest.mark.skipif(
     not (os.path.exists(MPICH) and os.path.exists(OPENMPI) and shutil.which("mpicc.mpich")
          and shutil.which("mpicc.openmpi") and shutil.which("mpiexec.mpich")),
     reason="needs Debian's MPICH and Open MPI (scripts/test's package list: mpich, "
            "libmpich-dev, openmpi-bin, libopenmpi-dev)")
+pytestmark = HAVE_MPI
 PROVIDERS = "/usr/lib/x86_64-linux-gnu/libibverbs"
 
 HELLO = r"""
@@ -65,10 +66,10 @@ int MPI_Finalize(void) { return 0; }
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 
 
-@pytest.fixture(scope="module")
-def images(rootfs):
-    base = tempfile.mkdtemp(prefix="gsbx-test-mpi-")
-    os.chmod(base, 0o755)
+def build_images(rootfs, base):
+    """{"mpich": image dir, "openmpi": image dir} under base: copies of rootfs
+    with /hello built by each MPI's mpicc, the MPICH one carrying its own stub
+    libmpich.so.12.1.0, the Open MPI one a copy of the host's libmpi.so.40."""
     src = os.path.join(base, "src")
     os.mkdir(src)
     with open(os.path.join(src, "hello.c"), "w") as f:
@@ -88,7 +89,14 @@ def images(rootfs):
     shutil.copy(os.path.realpath(OPENMPI), os.path.join(out["openmpi"], LIBDIR))
     for img in out.values():
         subprocess.run(["ldconfig", "-r", img], check=True)
-    yield out
+    return out
+
+
+@pytest.fixture(scope="module")
+def images(rootfs):
+    base = tempfile.mkdtemp(prefix="gsbx-test-mpi-")
+    os.chmod(base, 0o755)
+    yield build_images(rootfs, base)
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -101,7 +109,13 @@ def test_host_mpich_replaces_the_images_build(runner, images):
     assert ("gpusandbox: mpi: the image's libmpich.so.12 is the host's "
             f"{os.path.realpath(MPICH)}") in r.stderr
     # What the image lacks of the host MPI's closure comes from the host, said once each.
-    assert "gpusandbox: mpi: libucp.so.0 is the host's" in r.stderr
+    assert "gpusandbox: --mpi host: libucp.so.0 is the host's" in r.stderr
+    # UCX's transports are plugins beside libucs: its IB transport comes with it (and
+    # the host's libibverbs it needs brings the providers).
+    r = runner.run(["--mpi", "host", "-e", "UCX_LOG_LEVEL=debug", images["mpich"], "/hello"])
+    assert r.returncode == 0, r.stderr
+    assert "ucs library path: /run/gpusandbox/fabric/lib/libucs.so.0" in r.stdout + r.stderr
+    assert "loading modules for uct_ib" in r.stdout + r.stderr
 
 
 def test_two_ranks_through_the_host_mpi(runner, images):

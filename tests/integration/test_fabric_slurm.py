@@ -54,3 +54,28 @@ def test_each_rank_gets_the_hca_beside_its_gpu(tb8, rootfs):
         rest = [ln for ln in lines if not ln.startswith("gpu=")]
         assert rest == ["rdma_cm", f"uverbs{k}", f"NCCL_IB_HCA==mlx5_{k}:1"], (rank, lines)
     assert gpus == set(range(8)), r.stdout
+
+
+@pytest.fixture(scope="module")
+def mpi_images(rootfs, workdir_base):
+    from tests.integration.test_fabric_mpi import HAVE_MPI, build_images
+    if HAVE_MPI.args[0]:
+        pytest.skip(HAVE_MPI.kwargs["reason"])
+    base = workdir_base / "fabric-mpi-images"
+    base.mkdir()
+    return build_images(rootfs, str(base))
+
+
+def test_host_mpi_ranks_under_srun(tb8, mpi_images):
+    """srun starts the ranks (PMI-2 over srun's PMI_FD), each a sandbox with
+    its GPU, the HCA beside it and the host's MPICH in place of the image's."""
+    r = tb8.srun(["--mpi=pmi2", "--ntasks=2", "--gpus-per-task=1", tb8.cli, "run",
+                  "--gpus", "auto", "--driver-root", tb8.sim_dir, "--net", "host", "--mpi", "host",
+                  mpi_images["mpich"], "sh", "-c", "echo hca=$NCCL_IB_HCA; exec /hello"],
+                 timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = sorted(r.stdout.splitlines())
+    assert [ln[:27] for ln in lines if ": MPICH Version:" in ln] == [
+        "rank 0 of 2: MPICH Version:", "rank 1 of 2: MPICH Version:"], r.stdout
+    assert "rank 0 received: greetings from rank 1 of 2" in lines, r.stdout
+    assert len({ln for ln in lines if ln.startswith("hca==mlx5_")}) == 2, r.stdout
