@@ -34,6 +34,14 @@ def fabric(plan, spec, user_rows, host_env):
         if plan.host_root:
             plan.notes.append("fabric: the host's own root already has the host's libraries: "
                               "--fabric-libs/--mpi host add nothing")
+        elif spec.rootfs_mode == "rw":
+            # The loader cache and the providers' paths would be created in
+            # the image itself: --rw never gets host libraries written into it.
+            from .errors import UsageError
+            raise UsageError("--fabric-libs/--mpi host with --rw",
+                             "the host's libraries go over the image's loader cache and "
+                             "library directories, which --rw would change on disk",
+                             "drop --rw (the default overlay leaves the image untouched)")
         else:
             from .fabric import userspace
             userspace.plan_userspace(plan, plan.rootfd, libs, mpi, env)
