@@ -21,9 +21,6 @@ Node: path (in the sandbox), host_path, major, minor.
 import os
 import stat
 
-IB_MAJOR = 231
-UVERBS_BASE = 192
-
 
 class Node:
     __slots__ = ("path", "host_path", "major", "minor")

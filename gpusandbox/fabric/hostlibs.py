@@ -36,7 +36,7 @@ class LibError(SandboxError):
     """A host library cannot be given to this image."""
 
 
-def _native(entries):
+def native(entries):
     out = {}
     for e in entries:
         if e.flags == ldcache.NATIVE_FLAGS and not e.hwcaps:
@@ -48,7 +48,7 @@ def host_cache(path=HOST_CACHE):
     """SONAME -> host path of the host's native libraries."""
     try:
         with open(path, "rb") as f:
-            return _native(ldcache.parse(f.read(ldcache.MAX_FILE)))
+            return native(ldcache.parse(f.read(ldcache.MAX_FILE)))
     except (OSError, ldcache.CacheError, ValueError):
         return {}
 

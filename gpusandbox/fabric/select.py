@@ -17,7 +17,6 @@ the same NUMA node, else every HCA.  The task gets the union, in name order.
 """
 from gpusandbox.errors import UsageError
 
-from . import CALLER_VARS  # noqa: F401 - the variables read here
 from .discover import gpu_numa, gpu_pci_path
 
 MODES = ("auto", "all", "none")

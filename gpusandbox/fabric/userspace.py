@@ -42,7 +42,7 @@ def _plugins(plan, inj, done):
 def plan_userspace(plan, rootfd, want_verbs, want_mpi, caller_env):
     host = hostlibs.host_cache()
     image_list = hostlibs.image_entries(rootfd)
-    image = hostlibs._native(image_list)
+    image = hostlibs.native(image_list)
     inj = hostlibs.Injection()
     more, done = [], set()
     what = "--mpi host" if want_mpi else "--fabric-libs host"

@@ -70,7 +70,7 @@ def check(hcas, link, nvswitches, imex_channels):
                          "expected 0 to 2048 (NVreg_ImexChannelCount's default)")
 
 
-def describe(root, gpus, hcas, link, gpudirect, nvswitches, imex_channels):
+def describe(gpus, hcas, link, gpudirect, nvswitches, imex_channels):
     """The fabric part of the sim's JSON description."""
     n = max(gpus, hcas)
     nodes = 2 if n >= 2 else 1

@@ -68,7 +68,7 @@ def create(root, gpus=4, driver_version="550.54.15", cuda_version="12.4", model=
             "majors": {"nvidia": NVIDIA_MAJOR, "nvidia-uvm": UVM_MAJOR if uvm else None,
                        "nvidia-caps": CAPS_MAJOR},
             "libdir": os.path.join(root, LIBDIR), "created_dir": created, "gpus": [],
-            "fabric": fabric.describe(root, gpus, hcas, link, gpudirect, nvswitches,
+            "fabric": fabric.describe(gpus, hcas, link, gpudirect, nvswitches,
                                       imex_channels)}
     write(os.path.join(root, MARKER), json.dumps({"created_dir": created}))
     try:

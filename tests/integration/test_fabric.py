@@ -6,11 +6,9 @@ The simulated nodes carry the kernel's real numbers with no driver behind
 them: a node the sandbox was given opens with ENXIO (or ENODEV for rdma_cm's
 unregistered misc minor), past the device filter; one it was not given is
 EPERM from the filter (root) or simply absent from its /dev."""
-import errno
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
 import pytest

@@ -1,8 +1,6 @@
 """Fabric selection without privileges (issue 29): the request's precedence,
 the image kept out of it, NCCL's PCI-distance rule on a sysfs tree written
 here, and the variables the injection sets."""
-import os
-
 import pytest
 
 from gpusandbox import planfabric
