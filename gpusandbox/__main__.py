@@ -31,7 +31,8 @@ commands:
   doctor --mpi [IMAGE_DIR]                    in a Slurm step: what MPI/NCCL ranks share, transports
   cdi generate|list|check [options]           CDI specs: write one for this host's GPUs, list and
                                               check those in /etc/cdi, /var/run/cdi (docs/cdi.md)
-  sim create DIR --gpus N                     write a simulated GPU host (driver root + dev root)
+  sim create DIR --gpus N [--hcas N]          write a simulated GPU host (driver root + dev root;
+                                              --hcas: RDMA adapters and their PCI tree)
   hook STAGE | hook install [--dir DIR]       OCI hook: GPUs into a runc/crun/podman container
   oci-filter                                  podman hooks.d precreate filter (config.json in/out)
   runtime configure --runtime ENGINE          register gpusandbox-runtime with podman/docker/containerd

@@ -45,6 +45,17 @@ GPUs:
                               allowed through the device filter, checked by number
   --device VENDOR/CLASS=NAME  a CDI device (e.g. nvidia.com/gpu=0) from the specs in /etc/cdi,
                               /var/run/cdi (or $GPUSANDBOX_CDI_SPEC_DIRS); see docs/cdi.md
+Fabric (docs/fabric.md):
+  --fabric auto|all|none|HCA[,HCA]
+                              RDMA adapters (InfiniBand/RoCE) to inject: auto (the default with
+                              GPUs) gives the HCAs nearest the task's GPUs by PCI topology;
+                              sets NCCL_IB_HCA and UCX_NET_DEVICES unless the caller did.
+                              Also read: MELLANOX_VISIBLE_DEVICES, NVIDIA_MOFED, NVIDIA_GDRCOPY,
+                              NVIDIA_GDS, NVIDIA_NVSWITCH, NVIDIA_IMEX_CHANNELS (the caller's only)
+  --fabric-libs host|image    host: inject the host's libibverbs, librdmacm and their providers;
+                              image: the image's own rdma-core (the default)
+  --mpi host|image            host: replace the image's MPI by the host's (MPICH ABI, checked);
+                              image: the image's own (the default)
 Identity and namespaces:
   --root                      map the caller to uid 0 inside (rootless fakeroot)
   --userns auto|single|subids|host
@@ -129,6 +140,7 @@ _OPTS = {
     "--gpu-memory": "gpu_memory", "--gpu-compute": "gpu_compute", "--cuda-compat": "cuda_compat",
     "--share": "share", "--shm-size": "shm_size", "--gpu-visibility": "gpu_visibility",
     "--profile": "profile", "--name": "name",
+    "--fabric": "fabric", "--fabric-libs": "fabric_libs", "--mpi": "mpi",
 }
 _FLAGS = {
     "--root": "fakeroot", "--writable-tmpfs": "writable_tmpfs", "--rw": "rw",
@@ -145,6 +157,7 @@ _FLAGS = {
 CHOICES = {
     "--userns": ("auto", "single", "subids", "host"), "--cuda-compat": ("auto", "off", "force"),
     "--share": ("node", "none"), "--gpu-visibility": ("task", "step"), "--net": ("host", "none"),
+    "--fabric-libs": ("host", "image"), "--mpi": ("host", "image"),
 }
 # Short options that take a value, for docker's clusters (-it, -itv SRC:DST,
 # -w/tmp): the last letter of a cluster may take the rest, or the next word.

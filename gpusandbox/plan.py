@@ -13,6 +13,7 @@ from .errors import SandboxError, UsageError
 from .imageroot import container_path, image_root, is_host_root, root_identity
 from .linux import sys as k
 from .plandev import _devices, _gpu
+from .planfabric import fabric
 from .spec import names_squashfs
 
 STD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -378,6 +379,7 @@ def build(spec, host_env=None):
     # in the image's own paths.
     plan.keep_image = plan.host_root or (spec.rootfs_mode == "rw" and spec.oci is None)
     gpu_env = _gpu(plan, spec, rootfd, dict(image_env + user_env), host_env)
+    gpu_env.update(fabric(plan, spec, user_env, host_env))
     _devices(plan, spec)
     if spec.oci is not None:
         from .oci import configplan

@@ -82,6 +82,8 @@ class RunSpec:
         "profile",
         # --mount-home / --no-mount-home; None: the mount-home setting (siterun.py)
         "mount_home",
+        # the network half (fabric/, docs/fabric.md): --fabric, --fabric-libs, --mpi
+        "fabric", "fabric_libs", "mpi",
         # an OCI runtime launch: its config.json read as typed data
         # (oci/configplan.OciRequest), else None
         "oci",
@@ -143,6 +145,9 @@ class RunSpec:
         self.gpu_visibility = None   # task | step
         self.profile = None          # untrusted, or None
         self.mount_home = None       # True | False | None (the setting)
+        self.fabric = None           # auto | all | none | HCA names; None: fabric/select.py
+        self.fabric_libs = None      # host | None (the image's own rdma-core)
+        self.mpi = None              # host | None
         self.oci = None
         self.name = None
         self.detach = False

@@ -84,6 +84,8 @@ def check_mpi(opts, env=None):
                          "none (no PMIx server in this environment)",
                          "" if tasks == 0 else "launch with srun --mpi=pmix"))
     out += _transports(share, yama, opts, env)
+    from .fabric import check_fabric
+    out += check_fabric(opts, env)
     if opts.image and opts.probes:
         out += _probe(opts, env, host, share)
     return out

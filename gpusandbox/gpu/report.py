@@ -57,6 +57,8 @@ def _parser(prog, with_selection):
                        "this per-process memory ceiling would use")
         p.add_argument("--gpu-compute", default=None, metavar="PCT", help="the sharing tier a launch with "
                        "this SM percentage would use")
+        p.add_argument("--fabric", default=None, metavar="auto|all|none|HCA,...",
+                       help="the RDMA adapters a launch with this --fabric would get (docs/fabric.md)")
     return p
 
 
@@ -88,7 +90,12 @@ def _print_info(data):
               f"bus {g['bus_id']}  minor {g['minor']}")
     for m in data["mig_devices"]:
         print(f"  mig {m['gpu']}:{m['gi']}:{m['ci']}  caps {m['gi_cap_minor']},{m['ci_cap_minor']}")
-    fixed = {"driver_root", "driver_version", "cuda_version", "gpus", "mig_devices", "problems"}
+    if "fabric" in data:
+        from gpusandbox.fabric.report import info_lines
+        for line in info_lines(data["fabric"]):
+            print(line)
+    fixed = {"driver_root", "driver_version", "cuda_version", "gpus", "mig_devices", "problems",
+             "fabric"}
     for key, value in data.items():
         if key not in fixed:
             print(f"{key}: {value}")
@@ -102,6 +109,9 @@ def main_info(argv):
         from gpusandbox.gpu import discover
         host = discover.discover(args.driver_root, args.dev_root)
         data = info_data(host)
+        from gpusandbox.fabric import discover as fdiscover, report as freport
+        data["fabric"] = freport.info_data(fdiscover.discover(args.driver_root, args.dev_root),
+                                           host.gpus)
     except SandboxError as e:
         return _fail(e)
     if args.json:
@@ -147,6 +157,9 @@ def main_list(argv):
         data = list_data(host, sel)
         from gpusandbox.gpu.share import launch_line
         data["sharing"] = launch_line(host, sel, args.gpu_memory, args.gpu_compute)
+        from gpusandbox.fabric import discover as fdiscover, report as freport
+        data["fabric"] = freport.list_data(fdiscover.discover(args.driver_root, args.dev_root),
+                                           args.fabric, env, sel.node_gpus())
     except SandboxError as e:
         return _fail(e)
     if data["warning"]:
@@ -163,6 +176,16 @@ def main_list(argv):
     for line in data["skipped"]:
         print(f"skipped: {line}")
     print(f"sharing: {data['sharing']}")
+    fab = data["fabric"]
+    print(f"fabric: {fab['request']} ({fab['source']})")
+    for h in fab["hcas"]:
+        print(f"  {h['name']}: {h['why']}")
+    for path in fab["devices"]:
+        print(f"  {path}")
+    for key, value in fab["env"].items():
+        print(f"  {key}={value}")
+    for w in fab["warnings"]:
+        print(f"gpusandbox: {w}", file=sys.stderr)
     return 0
 
 

@@ -30,6 +30,16 @@ def parser():
                    help="add N small libraries to the loader cache")
     c.add_argument("--lib-version", metavar="VERSION",
                    help="version of the user-space libraries (default: the driver's)")
+    c.add_argument("--hcas", type=int, default=0, metavar="N",
+                   help="RDMA adapters mlx5_0..N-1, HCA k under GPU k's PCIe switch (default 0)")
+    c.add_argument("--link", choices=("ib", "roce"), default="ib",
+                   help="the HCAs' link layer: InfiniBand or Ethernet/RoCE (default ib)")
+    c.add_argument("--gpudirect", action="store_true",
+                   help="GPUDirect pieces: /dev/gdrdrv, /dev/nvidia-fs*, nvidia-peermem loaded")
+    c.add_argument("--nvswitches", type=int, default=0, metavar="N",
+                   help="NVSwitch nodes /dev/nvidia-nvswitch0..N-1 and nvidia-nvswitchctl")
+    c.add_argument("--imex-channels", type=int, default=0, metavar="N",
+                   help="IMEX channel nodes /dev/nvidia-caps-imex-channels/channel0..N-1")
     c.add_argument("--json", action="store_true", help="print the description as JSON")
     d = sub.add_parser("destroy", help="remove a simulated host made by create",
                        description="Remove a simulated GPU host that sim create wrote into DIR "
@@ -48,6 +58,10 @@ def describe(info):
                      f"{g['uuid']}")
         for m in g["mig"]:
             lines.append(f"    MIG {m['profile']:<10} gi {m['gi']} ci {m['ci']}  {m['uuid']}")
+    for h in info.get("fabric", {}).get("hcas", ()):
+        lines.append(f"  HCA {h['name']}  /dev/infiniband/uverbs{h['uverbs']}  {h['bus_id']}  "
+                     f"{h['link_layer']}  NUMA {h['numa']}"
+                     + (f"  beside GPU {h['gpu']}" if h["gpu"] is not None else ""))
     lines.append(f"driver root: {info['root']}  dev root: {info['dev_root']}")
     roots = ["--driver-root", info["root"]]
     if info["dev_root"] != info["root"].rstrip("/") + "/dev":
@@ -69,7 +83,9 @@ def main(argv=None):
     info = create(args.dir, gpus=args.gpus, driver_version=args.driver_version,
                   cuda_version=args.cuda_version, mig=args.mig,
                   model=args.model or (GEFORCE_MODEL if args.brand == "geforce" else DEFAULT_MODEL),
-                  uvm=not args.no_uvm, pad_ldcache=args.pad_ldcache, lib_version=args.lib_version)
+                  uvm=not args.no_uvm, pad_ldcache=args.pad_ldcache, lib_version=args.lib_version,
+                  hcas=args.hcas, link=args.link, gpudirect=args.gpudirect,
+                  nvswitches=args.nvswitches, imex_channels=args.imex_channels)
     if args.json:
         print(json.dumps(info, indent=1))
         return 0

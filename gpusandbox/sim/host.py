@@ -10,7 +10,8 @@ from gpusandbox.errors import GpuError, UsageError
 from .build import build
 from .ids import DEFAULT_MODEL, gpu_uuid, mig_minor, mig_uuid, parse_mig
 from .install import install, ldconfig, world_readable
-from .kernel import write_dev, write_proc
+from . import fabric
+from .kernel import _node as node, write_dev, write_proc
 from .layout import BUILD, CAPS_MAJOR, LIBDIR, MARKER, NVIDIA_MAJOR, UVM_MAJOR, write
 
 _VERSION_RE = re.compile(r"^\d{2,4}(\.\d{1,4}){1,3}$")
@@ -44,7 +45,8 @@ def _check_target(root):
 
 
 def create(root, gpus=4, driver_version="550.54.15", cuda_version="12.4", model=DEFAULT_MODEL,
-           mig=None, uvm=True, pad_ldcache=0, lib_version=None):
+           mig=None, uvm=True, pad_ldcache=0, lib_version=None, hcas=0, link="ib",
+           gpudirect=False, nvswitches=0, imex_channels=0):
     """Write a simulated host into `root`; return a JSON-able description of it."""
     root = os.path.abspath(root)
     lib_version = lib_version or driver_version
@@ -58,25 +60,30 @@ def create(root, gpus=4, driver_version="550.54.15", cuda_version="12.4", model=
     if not 0 <= pad_ldcache <= 100000:
         raise UsageError(f"bad --pad-ldcache {pad_ldcache}", "expected 0 to 100000")
     instances, profiles = parse_mig(mig, gpus, model)
+    fabric.check(hcas, link, nvswitches, imex_channels)
     created = _check_target(root)
     info = {"root": root, "dev_root": os.path.join(root, "dev"), "driver_version": driver_version,
             "lib_version": lib_version, "cuda_version": cuda_version,
             "cuda_driver_version": int(cuda_version.split(".")[0]) * 1000 + int(cuda_version.split(".")[1]) * 10,
             "majors": {"nvidia": NVIDIA_MAJOR, "nvidia-uvm": UVM_MAJOR if uvm else None,
                        "nvidia-caps": CAPS_MAJOR},
-            "libdir": os.path.join(root, LIBDIR), "created_dir": created, "gpus": []}
+            "libdir": os.path.join(root, LIBDIR), "created_dir": created, "gpus": [],
+            "fabric": fabric.describe(gpus, hcas, link, gpudirect, nvswitches,
+                                      imex_channels)}
     write(os.path.join(root, MARKER), json.dumps({"created_dir": created}))
     try:
         for i in range(gpus):
             uuid = gpu_uuid(root, i)
             info["gpus"].append({
-                "index": i, "minor": i, "model": model, "uuid": uuid, "bus_id": f"0000:{6 + i:02x}:00.0",
+                "index": i, "minor": i, "model": model, "uuid": uuid, "bus_id": fabric.gpu_bdf(i),
                 "mig": [{"gi": gi, "ci": ci, "profile": profiles[i][gi], "uuid": mig_uuid(uuid, gi, ci),
                          "gi_minor": mig_minor(i, gi), "ci_minor": mig_minor(i, gi, ci)}
                         for gi, ci in instances.get(i, [])]})
         built = build(root, lib_version, info["cuda_driver_version"], profiles)
         write_proc(root, info, uvm)
         write_dev(root, info, uvm)
+        fabric.write_sys(root, gpus, info["fabric"])
+        fabric.write_dev(root, info["fabric"], node)
         install(root, info, built, pad_ldcache)
         ldconfig(root)
         world_readable(root)

@@ -69,6 +69,9 @@ def write_proc(root, info, uvm):
     front = "nvidia" if int(ver.split(".")[0]) >= 550 else "nvidia-frontend"
     chars = _CHAR_DEVICES + [(NVIDIA_MAJOR, front), (CAPS_MAJOR, "nvidia-caps")]
     chars += [(UVM_MAJOR, "nvidia-uvm")] if uvm else []
+    if info.get("fabric"):
+        from .fabric import char_devices
+        chars += char_devices(info["fabric"])
     write(f"{proc}/devices", "Character devices:\n"
            + "".join(f"{n:3d} {name}\n" for n, name in sorted(chars, key=lambda c: c[0]))
            + "\nBlock devices:\n" + "".join(f"{n:3d} {name}\n" for n, name in _BLOCK_DEVICES))

@@ -19,7 +19,7 @@ def test_gpu_check_fails_and_names_the_failed_steps(cli, sim_host, shared_tmp):
     lines = r.stdout.splitlines()
     assert r.returncode == 1, r.stdout[-3000:]
     cuda = "CUDA driver API round trip in the sandbox"
-    assert lines[-1] == (f"gpu-check: FAILED 2 of 11 steps: root: {cuda};user: {cuda} "
+    assert lines[-1] == (f"gpu-check: FAILED 2 of 12 steps: root: {cuda};user: {cuda} "
                          f"(log: {out}/gpu-check.log)"), r.stdout[-3000:]
     # Each failure is reported where it happens, and the later steps still ran.
     assert [ln for ln in lines if ln.startswith("FAILED")] == [

@@ -252,6 +252,40 @@ def test_pod_mode_ranks_of_a_node_use_shared_memory(cluster):
     assert all(len(g) == 1 for g in gpus) and gpus[0] != gpus[1], r.stdout
 
 
+def test_host_mpich_across_two_nodes_with_each_ranks_hca(cluster, rootfs):
+    """--mpi host on two nodes (docs/fabric.md): srun's PMI-2 wires up the host's
+    MPICH, injected in place of the image's own MPICH build, and each rank has
+    its GPU and the HCA beside it (2 GPUs and 2 HCAs per simulated node).
+
+    The simulated HCAs carry no traffic, and the UCX_NET_DEVICES a launch sets
+    (the rank's HCA port) would leave UCX no path between nodes: the caller's
+    own UCX_NET_DEVICES (the node's eth0) wins, as it would on a cluster."""
+    from tests.integration.test_fabric_mpi import HAVE_MPI, build_images
+    if HAVE_MPI.args[0]:
+        pytest.skip(HAVE_MPI.kwargs["reason"])
+    base = os.path.join(cluster.base, "fabric-mpi")
+    os.mkdir(base)
+    os.chmod(base, 0o755)
+    img = build_images(rootfs, base)["mpich"]
+    sandbox = [cluster.cli, "run", "--net", "host", "--gpus", "auto", "--driver-root",
+               cluster.sim_dir, "--mpi", "host", img, "sh", "-c",
+               "ls /dev/infiniband; echo hca=$NCCL_IB_HCA; exec /hello"]
+    r = cluster.srun(["-N2", "-n2", "--gpus-per-task=1", "--mpi=pmi2", "--label",
+                      "bash", "-c", 'echo "node $SLURMD_NODENAME"; exec "$@"', "-", *sandbox],
+                     env={"UCX_NET_DEVICES": "eth0", "UCX_TLS": "tcp,self"}, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tasks = labelled(r.stdout)
+    assert sorted(tasks) == [0, 1], r.stdout
+    assert len({tasks[t][0] for t in (0, 1)}) == 2, r.stdout         # two nodes
+    for t in (0, 1):
+        assert any(ln.startswith(f"rank {t} of 2: MPICH Version:") for ln in tasks[t]), r.stdout
+        hca = [ln for ln in tasks[t] if ln.startswith("hca==mlx5_")]
+        assert len(hca) == 1, tasks[t]
+        k = hca[0][len("hca==mlx5_"):].split(":")[0]
+        assert f"uverbs{k}" in tasks[t], tasks[t]
+    assert "rank 0 received: greetings from rank 1 of 2" in tasks[0], r.stdout
+
+
 # --- Slurm's own container interface (oci.conf) ---------------------------------------
 
 @pytest.mark.parametrize("mode", ["root", "rootless"])

@@ -177,7 +177,7 @@ def test_gpus_capabilities_hint_names_gpu_caps():
     ("--workdr", "unknown option '--workdr'; did you mean --workdir?"),
     ("-rm", "unknown option '-rm'; did you mean --rm?"),
     ("-gpus", "unknown option '-gpus'; did you mean --gpus?"),
-    ("--frobnicate", "unknown option '--frobnicate'"),
+    ("--qwertyuiop", "unknown option '--qwertyuiop'"),
 ])
 def test_unknown_option_suggests(opt, line):
     e = refused(opt, "0")

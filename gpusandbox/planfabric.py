@@ -1,0 +1,64 @@
+"""The plan's fabric: RDMA adapters, GPUDirect, NVSwitch and IMEX nodes
+(gpusandbox/fabric), after the GPUs are chosen, so that `auto` can give the
+task the HCAs nearest its own GPUs.  Part of the planner: pure data, no
+syscalls beyond the stat and read calls discovery makes.
+
+A launch with no GPU, no --fabric and none of the caller's fabric variables
+imports nothing of gpusandbox.fabric."""
+from .fabric import CALLER_VARS
+
+
+def caller_env(host_env, user_rows):
+    """The caller's word: its environment, overridden by its -e and
+    --env-file rows.  The image's rows are not in it: an image cannot widen
+    what the caller allowed."""
+    env = dict(host_env)
+    env.update(user_rows)
+    return env
+
+
+def fabric(plan, spec, user_rows, host_env):
+    """Add the fabric's nodes, rules and variables to the plan; return the
+    variables (NCCL_IB_HCA, UCX_NET_DEVICES) for the environment table's GPU
+    row, which the caller's -e rows still override.
+
+    An OCI config's process.env is its caller's word (the engine wrote it,
+    as the toolkit reads it), so for that door it counts as the caller's."""
+    if spec.oci is not None and spec.image_env is not None:
+        user_rows = list(spec.image_env[0]) + list(user_rows)
+    gpus = plan.gpu.node_gpus() if plan.gpu is not None else []
+    libs = spec.fabric_libs == "host"
+    mpi = spec.mpi == "host"
+    if libs or mpi:
+        env = caller_env(host_env, user_rows)
+        if plan.host_root:
+            plan.notes.append("fabric: the host's own root already has the host's libraries: "
+                              "--fabric-libs/--mpi host add nothing")
+        elif spec.rootfs_mode == "rw":
+            # The loader cache and the providers' paths would be created in
+            # the image itself: --rw never gets host libraries written into it.
+            from .errors import UsageError
+            raise UsageError("--fabric-libs/--mpi host with --rw",
+                             "the host's libraries go over the image's loader cache and "
+                             "library directories, which --rw would change on disk",
+                             "drop --rw (the default overlay leaves the image untouched)")
+        else:
+            from .fabric import userspace
+            userspace.plan_userspace(plan, plan.rootfd, libs, mpi, env)
+    if spec.fabric is None and plan.gpu is None and \
+            not any(v in host_env for v in CALLER_VARS) and \
+            not any(k in CALLER_VARS for k, _ in user_rows):
+        return {}
+    from .fabric import discover, inject, select
+    from .plandev import driver_roots
+    env = caller_env(host_env, user_rows)
+    req = select.from_caller(spec.fabric, env, bool(gpus))
+    if not req:
+        return {}
+    host = discover.discover(*driver_roots(spec, host_env))
+    res = inject.build(req, host, gpus, env)
+    plan.edits.extend(res.edits)
+    plan.device_rules = list(plan.device_rules or []) + res.rules
+    plan.warnings += res.warnings
+    plan.notes += res.notes
+    return res.edits.env
