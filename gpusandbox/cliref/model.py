@@ -212,6 +212,7 @@ ARGPARSE = {
     "doctor": ("gpusandbox.doctor", "_parser", ()),
     "sim": ("gpusandbox.sim.cli", "parser", ()),
     "mps": ("gpusandbox.gpu.mpscli", "parser", ()),
+    "slurm": ("gpusandbox.hpc.spank", "_parser", ()),
     "cdi generate": ("gpusandbox.oci.cdi.cli", "generate_parser", ()),
     "cdi list": ("gpusandbox.oci.cdi.cli", "list_parser", ()),
     "cdi check": ("gpusandbox.oci.cdi.cli", "check_parser", ()),

@@ -1,0 +1,154 @@
+"""The task program of the SPANK plugin (spank_gpusandbox.c): pyxis's options,
+handed over in GPUSANDBOX_SPANK_* variables, become `gpusandbox run OPTIONS
+IMAGE -- ARGV` in this same process.
+
+slurmstepd execs this program as the step's task (the plugin swapped it in as
+argv[0] and kept the original in GPUSANDBOX_SPANK_ARGV0), so the launcher that
+`run` becomes is the pid Slurm waits for, signals and accounts, with the task's
+stdio and PMI descriptors; its exit status is the step's.
+
+The plugin has checked the grammar of every value on the login node; what is
+left here is the meaning: enroot's image URI, pyxis's mount entries and
+booleans, each mapped onto a `run` option (docs/slurm.md has the table)."""
+import os
+import sys
+
+PREFIX = "GPUSANDBOX_SPANK_"
+# Mount flags: what gpusandbox's binds always are (recursive, rslave, nosuid,
+# nodev), and the two that choose. The plugin accepts exactly these.
+_ALWAYS = ("rbind", "rslave", "nosuid", "nodev")
+_MODES = ("ro", "rw")
+
+
+class Refused(Exception):
+    """A value the plugin let through but gpusandbox cannot honour."""
+
+    def __init__(self, what, hint):
+        super().__init__(what)
+        self.hint = hint
+
+
+def image_ref(image):
+    """pyxis/enroot's image argument -> gpusandbox's IMAGE.
+
+    A path (leading / or .) is a squashfs file or a directory; `docker://` and
+    enroot's `[USER@][REGISTRY#]IMAGE[:TAG]` become docker://REGISTRY/IMAGE
+    (USER@ names enroot's credentials: gpusandbox reads the registry's from
+    its auth files, so the user part is dropped); anything else is a
+    gpusandbox reference as `run` reads it (NAME[:TAG] in the store, a short
+    name by docker's rule, oci:, oci-archive:, docker-archive:)."""
+    if image.startswith(("/", ".")):
+        return image
+    if image.startswith("dockerd://") or image.startswith("podman://"):
+        raise Refused(f"--container-image={image}: images of a local Docker or podman "
+                      "daemon are not read", "save it (docker save -o FILE.tar) and give "
+                      "docker-archive:FILE.tar, or push it to a registry")
+    enroot = image.startswith("docker://")
+    rest = image[len("docker://"):] if enroot else image
+    at = rest.find("@")
+    if at >= 0 and not rest[at + 1:].startswith("sha256:") and \
+            ("#" not in rest or at < rest.find("#")):
+        rest, enroot = rest[at + 1:], True
+    if "#" in rest:
+        registry, _, name = rest.partition("#")
+        if not registry or not name:
+            raise Refused(f"--container-image={image}: REGISTRY#IMAGE needs both parts",
+                          "example: --container-image=nvcr.io#nvidia/pytorch:24.05-py3")
+        return f"docker://{registry}/{name}"
+    return f"docker://{rest}" if enroot else rest
+
+
+def mount_args(value, cwd):
+    """--container-mounts=SRC[:DST[:FLAGS]][,...] -> run's -v / --mount options."""
+    out = []
+    for entry in value.split(","):
+        parts = entry.split(":")
+        src, dst = parts[0], parts[1] if len(parts) > 1 else None
+        flags = parts[2].split("+") if len(parts) > 2 else []
+        unknown = [f for f in flags if f not in _ALWAYS + _MODES]
+        if unknown:
+            raise Refused(f"--container-mounts={entry}: unknown flag {unknown[0]}",
+                          "flags: ro, rw (binds are always rbind, rslave, nosuid, nodev)")
+        modes = [f for f in flags if f in _MODES]
+        ro = bool(modes) and modes[-1] == "ro"        # the last one given wins
+        if src == "tmpfs":
+            if not dst:
+                raise Refused(f"--container-mounts={entry}: tmpfs needs a DST",
+                              "example: --container-mounts=tmpfs:/scratch")
+            out += ["--mount", f"type=tmpfs,dst={dst}" + (",ro" if ro else "")]
+            continue
+        if src == "umount":
+            raise Refused(f"--container-mounts={entry}: umount is not supported",
+                          "the image's own mounts are not made by gpusandbox: drop the entry")
+        src = os.path.normpath(os.path.join(cwd, src))
+        out += ["-v", f"{src}:{dst or src}:{'ro' if ro else 'rw'}"]
+    return out
+
+
+def run_argv(env, argv0, args, cwd, nodename):
+    """The `gpusandbox run` argv for this task (without the leading 'run')."""
+    def get(name):
+        return env.get(PREFIX + name)
+    image = get("IMAGE")
+    if not image:
+        raise Refused("no --container-image reached the task",
+                      "this program is started by the gpusandbox SPANK plugin only")
+    ref = image_ref(image)
+    out = []
+    if get("MOUNTS"):
+        out += mount_args(get("MOUNTS"), cwd)
+    if get("MOUNT_HOME") == "1":
+        home = env.get("HOME")
+        if not home or not home.startswith("/"):
+            raise Refused("--container-mount-home: the job has no absolute HOME",
+                          "set HOME, or bind it with --container-mounts")
+        out += ["-v", f"{home}:{home}:rw"]
+    if get("WORKDIR"):
+        out += ["-w", get("WORKDIR")]
+    for name in (get("ENV") or "").split(","):
+        if name:
+            out += ["-e", name]
+    unshare = set((get("UNSHARE") or "").split(","))
+    # pyxis shares the node's network unless net is unshared; gpusandbox's
+    # own default gives a command that is uid 0 on the host a private one.
+    out += ["--net", "none" if "net" in unshare else "host"]
+    # UTS and IPC are always private in gpusandbox (IPC pod-wide in a step
+    # with several tasks on the node); the hostname is the node's, as under
+    # pyxis whether or not uts is unshared: a pod (several tasks on the node)
+    # keeps it already, a lone task is told.
+    from .pod import tasks_on_node
+    if tasks_on_node(env) <= 1:
+        out += ["--hostname", nodename]
+    if get("REMAP_ROOT") == "1":
+        out += ["--root"]
+    if get("WRITABLE") == "1":
+        out += ["--writable-tmpfs"]
+    if get("BATCH") == "1" and argv0.startswith("/"):
+        out += ["-v", f"{argv0}:{argv0}:ro"]        # the spooled batch script
+    path = os.path.join(cwd, ref) if ref.startswith(".") else ref
+    if get("ENTRYPOINT") != "1" and not os.path.isdir(path):
+        out += ["--entrypoint", ""]
+    return out + [ref, "--", argv0, *args]
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    env = os.environ
+    argv0 = env.get(PREFIX + "ARGV0", "")
+    try:
+        if not argv0:
+            raise Refused("GPUSANDBOX_SPANK_ARGV0 is not set",
+                          "this program is started by the gpusandbox SPANK plugin only")
+        run = run_argv(env, argv0, argv, os.getcwd(), os.uname().nodename)
+    except Refused as e:
+        from ..errors import UsageError, message
+        sys.stderr.write(message(UsageError(str(e), None, e.hint)))
+        return 125
+    for k in [k for k in env if k.startswith(PREFIX)]:
+        del env[k]
+    from ..__main__ import main as gpusandbox
+    return gpusandbox(["run", *run])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
