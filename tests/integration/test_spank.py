@@ -1,0 +1,163 @@
+"""pyxis's srun options through the SPANK plugin (spank_gpusandbox.c), on the
+real Slurm testbed (scripts/slurm-testbed, ConstrainDevices=yes) whose
+plugstack.conf loads the plugin `gpusandbox slurm install-plugin` built.
+
+The commands are written as a pyxis user writes them: no `gpusandbox run`."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration import slurm_fixture as sf
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tb(cli, workdir_base):
+    sim = workdir_base / "spank-sim"
+    r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", str(sim), "--gpus", "4"],
+                       cwd=sf.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout
+    try:
+        bed = sf.slurm_testbed(workdir_base / "spank", sim, constrain=True)
+    except sf.TestbedUnavailable as e:
+        pytest.skip(f"Slurm testbed unavailable: {e}")
+    try:
+        r = subprocess.run([cli, "slurm", "install-plugin", "--dir",
+                            str(workdir_base / "spank-plugin")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        line = r.stdout.strip()
+        assert line.startswith("required /") and " task=/" in line, line
+        with open(os.path.join(bed.state, "plugstack.conf"), "w") as f:
+            f.write(line + "\n")
+        yield bed
+    finally:
+        bed.stop()
+
+
+def srun(tb, args, user=None, env=None):
+    # The simulated driver root reaches the task like any exported variable.
+    env = dict(env or {}, GPUSANDBOX_DRIVER_ROOT=tb.sim_dir)
+    return tb.srun(args, user=user, env=env)
+
+
+def njobs(tb):
+    r = tb.run(["squeue", "-h", "-t", "all", "-o", "%i"])
+    return len(r.stdout.split())
+
+
+@pytest.mark.parametrize("opt, why", [
+    ("--container-mounts=/a:b", "DST must be an absolute path"),
+    ("--container-mounts=/a:/b:ro+rprivate", "unknown flag"),
+    ("--container-workdir=rel", "must be an absolute path"),
+    ("--container-env=1X", "not a variable name"),
+    ("--container-unshare=pid", "unknown namespace"),
+])
+def test_bad_option_is_refused_before_allocation(tb, rootfs, opt, why):
+    before = njobs(tb)
+    r = srun(tb, [f"--container-image={rootfs}", opt, "true"])
+    assert r.returncode == 1
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"srun: error: gpusandbox: {opt}: "), lines
+    assert why in lines[0]
+    assert njobs(tb) == before
+    r = tb.run(["sbatch", f"--container-image={rootfs}", opt, "--wrap", "true"])
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert njobs(tb) == before
+
+
+# (extra srun options, command, expected stdout); {data} is a host directory.
+TABLE = [
+    ([], ["sh", "-c", "head -1 /etc/os-release"],
+     'PRETTY_NAME="gpusandbox demo image (Debian-style)"'),
+    ([], ["sh", "-c", "touch /x 2>/dev/null && echo rw || echo ro"], "ro"),
+    (["--container-writable"], ["sh", "-c", "touch /x && echo rw"], "rw"),
+    (["--container-readonly"], ["sh", "-c", "touch /x 2>/dev/null && echo rw || echo ro"], "ro"),
+    (["--container-workdir=/etc"], ["pwd"], "/etc"),
+    (["--container-mounts={data}:/data:ro"],
+     ["sh", "-c", "cat /data/f; touch /data/g 2>/dev/null || echo ro"], "hello\nro"),
+    (["--container-mounts={data}"], ["sh", "-c", "cat {data}/f"], "hello"),
+    (["--container-mounts=tmpfs:/scratch"], ["sh", "-c", "touch /scratch/x && echo ok"], "ok"),
+    (["--container-env=FOO"], ["sh", "-c", "echo $FOO"], "bar"),
+    (["--container-unshare=net"], ["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1"], "lo"),
+    (["--container-remap-root"], ["id", "-u"], "0"),
+    ([], ["sh", "-c",
+          "echo $SLURM_PROCID/$SLURM_NTASKS; env | grep -c GPUSANDBOX_SPANK || true"],
+     "0/1\n0"),
+]
+
+
+@pytest.mark.parametrize("mode", ["root", "user"])
+def test_pyxis_commands(tb, rootfs, workdir_base, test_user, mode):
+    user = test_user if mode == "user" else None
+    data = workdir_base / f"spank-data-{mode}"
+    data.mkdir(exist_ok=True)
+    (data / "f").write_text("hello\n")
+    bad = []
+    for opts, cmd, want in TABLE:
+        opts = [o.format(data=data) for o in opts]
+        cmd = [c.format(data=data) for c in cmd]
+        r = srun(tb, [f"--container-image={rootfs}", *opts, *cmd], user=user,
+                 env={"FOO": "bar"})
+        if (r.returncode, r.stdout.strip()) != (0, want):
+            bad.append((opts, cmd, r.returncode, r.stdout, r.stderr))
+    assert not bad, bad
+
+
+def test_gpus_per_task(tb, rootfs, test_user):
+    r = srun(tb, ["-n2", "--gpus-per-task=1", "--label", f"--container-image={rootfs}",
+                  "nvidia-smi", "-L"], user=test_user)
+    assert r.returncode == 0, r.stderr
+    per = {}
+    for line in r.stdout.splitlines():
+        label, _, rest = line.partition(": ")
+        if "UUID:" in rest:
+            per.setdefault(label.strip(), []).append(rest.split("UUID:")[1].strip(" )"))
+    assert sorted(per) == ["0", "1"] and all(len(v) == 1 for v in per.values()), r.stdout
+    assert per["0"] != per["1"]
+
+
+def test_exit_codes(tb, rootfs):
+    r = srun(tb, [f"--container-image={rootfs}", "sh", "-c", "exit 3"])
+    assert r.returncode == 3, r.stderr
+    r = srun(tb, [f"--container-image={rootfs}", "sh", "-c", "kill -USR1 $$"])
+    assert r.returncode == 128 + signal.SIGUSR1, r.stderr
+
+
+def test_missing_image_fails_with_one_line(tb, workdir_base):
+    r = srun(tb, [f"--container-image={workdir_base}/absent.sqsh", "true"])
+    assert r.returncode == 125
+    errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
+    assert len(errs) == 1 and "absent.sqsh" in errs[0], r.stderr
+
+
+def test_scancel_leaves_nothing(tb, rootfs, workdir_base):
+    out = workdir_base / "spank-cancel"
+    out.mkdir()
+    os.chmod(out, 0o777)
+    script = ("#!/bin/sh\nexec srun --container-image=%s --container-mounts=%s:/out "
+              "sh -c 'echo ready > /out/ready; exec sleep 300'\n" % (rootfs, out))
+    jobid = tb.sbatch(["-o", str(out / "log")], script,
+                      env={"GPUSANDBOX_DRIVER_ROOT": tb.sim_dir})
+    end = time.monotonic() + 60
+    while not (out / "ready").exists():
+        assert time.monotonic() < end, (out / "log").read_text() if (out / "log").exists() else ""
+        time.sleep(0.1)
+    time.sleep(0.3)
+    pids = tb.listpids(jobid)
+    assert pids
+    tb.scancel(jobid)
+    assert tb.wait_done(jobid)["JobState"] == "CANCELLED"
+    end = time.monotonic() + 15
+    while (any(os.path.exists(f"/proc/{p}") for p in pids) or tb.job_cgroups(jobid)) \
+            and time.monotonic() < end:
+        time.sleep(0.1)
+    assert [p for p in pids if os.path.exists(f"/proc/{p}")] == []
+    assert tb.job_cgroups(jobid) == []
+    assert str(rootfs) not in open("/proc/self/mountinfo").read()
