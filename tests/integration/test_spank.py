@@ -84,6 +84,8 @@ TABLE = [
      ["sh", "-c", "cat /data/f; touch /data/g 2>/dev/null || echo ro"], "hello\nro"),
     (["--container-mounts={data}"], ["sh", "-c", "cat {data}/f"], "hello"),
     (["--container-mounts=tmpfs:/scratch"], ["sh", "-c", "touch /scratch/x && echo ok"], "ok"),
+    # the command is looked up on the image's PATH, not the node's
+    (["--container-mounts={data}/bin:/usr/local/bin:ro"], ["only-in-image", "a"], "inside a"),
     (["--container-env=FOO"], ["sh", "-c", "echo $FOO"], "bar"),
     (["--container-unshare=net"], ["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1"], "lo"),
     (["--container-remap-root"], ["id", "-u"], "0"),
@@ -99,6 +101,9 @@ def test_pyxis_commands(tb, rootfs, workdir_base, test_user, mode):
     data = workdir_base / f"spank-data-{mode}"
     data.mkdir(exist_ok=True)
     (data / "f").write_text("hello\n")
+    (data / "bin").mkdir(exist_ok=True)
+    (data / "bin" / "only-in-image").write_text('#!/bin/sh\necho inside "$@"\n')
+    os.chmod(data / "bin" / "only-in-image", 0o755)
     bad = []
     for opts, cmd, want in TABLE:
         opts = [o.format(data=data) for o in opts]
@@ -135,6 +140,16 @@ def test_missing_image_fails_with_one_line(tb, workdir_base):
     assert r.returncode == 125
     errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
     assert len(errs) == 1 and "absent.sqsh" in errs[0], r.stderr
+
+
+def test_sbatch_runs_the_script_in_the_container(tb, rootfs, workdir_base):
+    out = workdir_base / "spank-sbatch.out"
+    script = ("#!/bin/sh\n#SBATCH --container-image=%s\n#SBATCH --container-workdir=/etc\n"
+              "head -1 os-release\nexit 4\n" % rootfs)
+    jobid = tb.sbatch(["-o", str(out)], script, env={"GPUSANDBOX_DRIVER_ROOT": tb.sim_dir})
+    rec = tb.wait_done(jobid)
+    assert out.read_text() == 'PRETTY_NAME="gpusandbox demo image (Debian-style)"\n'
+    assert rec["ExitCode"] == "4:0"
 
 
 def test_scancel_leaves_nothing(tb, rootfs, workdir_base):
