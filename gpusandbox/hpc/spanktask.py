@@ -85,7 +85,7 @@ def mount_args(value, cwd):
     return out
 
 
-def run_argv(env, argv0, args, cwd, nodename):
+def run_argv(env, argv0, args, cwd, nodename, tty=False):
     """The `gpusandbox run` argv for this task (without the leading 'run')."""
     def get(name):
         return env.get(PREFIX + name)
@@ -125,6 +125,8 @@ def run_argv(env, argv0, args, cwd, nodename):
         out += ["--writable-tmpfs"]
     if get("BATCH") == "1" and argv0.startswith("/"):
         out += ["-v", f"{argv0}:{argv0}:ro"]        # the spooled batch script
+    if tty:
+        out += ["-t"]               # srun --pty: the task's stdin is slurmstepd's terminal
     path = os.path.join(cwd, ref) if ref.startswith(".") else ref
     if get("ENTRYPOINT") != "1" and not os.path.isdir(path):
         out += ["--entrypoint", ""]
@@ -139,7 +141,7 @@ def main(argv=None):
         if not argv0:
             raise Refused("GPUSANDBOX_SPANK_ARGV0 is not set",
                           "this program is started by the gpusandbox SPANK plugin only")
-        run = run_argv(env, argv0, argv, os.getcwd(), os.uname().nodename)
+        run = run_argv(env, argv0, argv, os.getcwd(), os.uname().nodename, os.isatty(0))
     except Refused as e:
         from ..errors import UsageError, message
         sys.stderr.write(message(UsageError(str(e), None, e.hint)))

@@ -128,6 +128,15 @@ def test_gpus_per_task(tb, rootfs, test_user):
     assert per["0"] != per["1"]
 
 
+def test_pty_reaches_the_command(tb, rootfs):
+    """srun --pty (pyxis's `srun --pty bash`): the command gets a terminal."""
+    line = (f"srun --quiet --pty --container-image={rootfs} sh -c 'tty; exit 5'")
+    r = tb.run(["script", "-qec", line, "/dev/null"],
+               env={"GPUSANDBOX_DRIVER_ROOT": tb.sim_dir})
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "/dev/pts/" in r.stdout and "not a tty" not in r.stdout, r.stdout
+
+
 def test_exit_codes(tb, rootfs):
     r = srun(tb, [f"--container-image={rootfs}", "sh", "-c", "exit 3"])
     assert r.returncode == 3, r.stderr

@@ -94,3 +94,9 @@ def test_main_refuses_without_the_plugin(capsys, monkeypatch):
     assert st.main(["x"]) == 125
     err = capsys.readouterr().err
     assert err.startswith("gpusandbox: error: GPUSANDBOX_SPANK_ARGV0 is not set")
+
+
+def test_terminal_asks_for_one():
+    e = dict(BASE)
+    assert "-t" in st.run_argv(e, "bash", [], "/job", "n", tty=True)
+    assert "-t" not in st.run_argv(e, "bash", [], "/job", "n", tty=False)
