@@ -22,10 +22,16 @@
  * Options are checked where they are parsed, so srun, salloc and sbatch refuse
  * a bad one on the login node before any allocation.
  */
+#define _GNU_SOURCE
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
@@ -47,6 +53,8 @@ static const char *const opt_env[O_COUNT] = {
 };
 
 static char *opt_val[O_COUNT];
+/* The image check of user_init: its exit status (0: ready) for task_init. */
+static int prepare_status;
 static char *task_prog;
 static int execute_entrypoint;
 
@@ -269,6 +277,132 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* The child of user_init: the job's user entirely (slurmstepd keeps a real uid
+ * of 0 here), the signals, mask and OOM score of an ordinary process, output
+ * into the pipe, then the task program in its prepare mode. */
+static void prepare_child(int wfd, char **envp, uid_t uid, gid_t gid)
+{
+	sigset_t none;
+	int sig, fd;
+	char *argv[] = {task_prog, NULL};
+
+	for (sig = 1; sig < NSIG; sig++)
+		signal(sig, SIG_DFL);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	if ((fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC)) >= 0) {
+		if (write(fd, "0", 1) < 0) {
+			/* keep slurmstepd's score: not fatal */
+		}
+		close(fd);
+	}
+	if ((fd = open("/dev/null", O_RDONLY)) < 0 || dup2(fd, 0) < 0 ||
+	    dup2(wfd, 1) < 0 || dup2(wfd, 2) < 0)
+		_exit(125);
+	closefrom(3);
+	if (setresgid(gid, gid, gid) || setresuid(uid, uid, uid))
+		_exit(125);
+	execve(task_prog, argv, envp);
+	_exit(127);
+}
+
+/* The error line of the check's output (the first `gpusandbox: error:` line,
+ * else the last line), into out. */
+static void error_line(const char *buf, char *out, size_t n)
+{
+	const char *p = strstr(buf, "gpusandbox: error:"), *e;
+
+	if (!p) {
+		p = buf + strlen(buf);
+		while (p > buf && p[-1] == '\n')
+			p--;
+		while (p > buf && p[-1] != '\n')
+			p--;
+	}
+	e = strchr(p, '\n');
+	snprintf(out, n, "%.*s", (int) (e ? (size_t) (e - p) : strlen(p)), p);
+}
+
+/*
+ * Once per node and step, before any task is forked (as the job's user
+ * after slurmstepd dropped its privileges): resolve the image and pull it on
+ * a miss, so a missing image fails the step with one line and the tasks find
+ * it in the store.  An error here does not fail the job (spank(7)), so the
+ * status is kept for task_init.
+ */
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	char **env = NULL, **envp, buf[8192], line[1024];
+	size_t n = 0, len = 0;
+	ssize_t got;
+	uid_t uid;
+	gid_t gid;
+	int pfd[2], status, i;
+	pid_t pid;
+
+	(void) ac;
+	(void) av;
+	if (!opt_val[O_IMAGE] || !task_prog)
+		return 0;
+	prepare_status = 125;
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env) {
+		slurm_error("gpusandbox: cannot read the job's user and environment");
+		return -1;
+	}
+	while (env[n])
+		n++;
+	if (!(envp = calloc(n + 3, sizeof(*envp))) ||
+	    asprintf(&envp[n], "GPUSANDBOX_SPANK_IMAGE=%s", opt_val[O_IMAGE]) < 0) {
+		free(envp);
+		return -1;
+	}
+	memcpy(envp, env, n * sizeof(*envp));
+	envp[n + 1] = "GPUSANDBOX_SPANK_PREPARE=1";
+	if (pipe2(pfd, O_CLOEXEC)) {
+		free(envp[n]);
+		free(envp);
+		return -1;
+	}
+	pid = fork();
+	if (pid == 0)
+		prepare_child(pfd[1], envp, uid, gid);
+	close(pfd[1]);
+	buf[0] = '\0';
+	while (pid > 0 && ((got = read(pfd[0], buf + len, sizeof(buf) - 1 - len)) > 0 ||
+			   (got < 0 && errno == EINTR))) {
+		if (got < 0)
+			continue;
+		len += got;
+		buf[len] = '\0';
+		if (len == sizeof(buf) - 1) {       /* keep the last half: the error */
+			memmove(buf, buf + len - sizeof(buf) / 2, sizeof(buf) / 2);
+			len = sizeof(buf) / 2;
+			buf[len] = '\0';
+		}
+	}
+	close(pfd[0]);
+	free(envp[n]);
+	free(envp);
+	if (pid < 0) {
+		slurm_error("gpusandbox: cannot fork to check the image: %m");
+		return -1;
+	}
+	while (waitpid(pid, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	prepare_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	if (prepare_status) {
+		error_line(buf, line, sizeof(line));
+		for (i = 0; line[i]; i++)
+			if (iscntrl((unsigned char) line[i]))
+				line[i] = '?';
+		slurm_error("%s", line[0] ? line : "gpusandbox: the image check failed");
+	}
+	return 0;
+}
+
 /* In the task child, as the job's user: hand the task to task=PROG. */
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
@@ -280,6 +414,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	(void) av;
 	if (!opt_val[O_IMAGE])
 		return 0;
+	if (prepare_status)         /* told once by user_init; every task fails */
+		_exit(prepare_status);
 	if (!task_prog) {
 		slurm_error("gpusandbox: plugstack.conf names no task=PROGRAM; "
 			    "rerun `gpusandbox slurm install-plugin`");

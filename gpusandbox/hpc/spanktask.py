@@ -18,6 +18,8 @@ PREFIX = "GPUSANDBOX_SPANK_"
 # nodev), and the two that choose. The plugin accepts exactly these.
 _ALWAYS = ("rbind", "rslave", "nosuid", "nodev")
 _MODES = ("ro", "rw")
+# gpusandbox's references that name no registry image.
+_LOCAL = ("oci:", "oci-archive:", "docker-archive:")
 
 
 class Refused(Exception):
@@ -31,31 +33,32 @@ class Refused(Exception):
 def image_ref(image):
     """pyxis/enroot's image argument -> gpusandbox's IMAGE.
 
-    A path (leading / or .) is a squashfs file or a directory; `docker://` and
-    enroot's `[USER@][REGISTRY#]IMAGE[:TAG]` become docker://REGISTRY/IMAGE
-    (USER@ names enroot's credentials: gpusandbox reads the registry's from
-    its auth files, so the user part is dropped); anything else is a
-    gpusandbox reference as `run` reads it (NAME[:TAG] in the store, a short
-    name by docker's rule, oci:, oci-archive:, docker-archive:)."""
-    if image.startswith(("/", ".")):
+    A path (leading / or .) is a squashfs file or a directory; gpusandbox's
+    oci:, oci-archive: and docker-archive: references pass as they are;
+    anything else is a registry image as for enroot: `[USER@][REGISTRY#]
+    IMAGE[:TAG]` becomes docker://REGISTRY/IMAGE, a plain NAME[:TAG]
+    docker://NAME[:TAG] (docker's short-name rule; the store is looked at
+    first, so an image already there is not fetched again).  USER@ names
+    enroot's credentials: gpusandbox reads the registry's from its auth
+    files, so the user part is dropped."""
+    if image.startswith(("/", ".")) or image.startswith(_LOCAL):
         return image
     if image.startswith("dockerd://") or image.startswith("podman://"):
         raise Refused(f"--container-image={image}: images of a local Docker or podman "
                       "daemon are not read", "save it (docker save -o FILE.tar) and give "
                       "docker-archive:FILE.tar, or push it to a registry")
-    enroot = image.startswith("docker://")
-    rest = image[len("docker://"):] if enroot else image
+    rest = image[len("docker://"):] if image.startswith("docker://") else image
     at = rest.find("@")
     if at >= 0 and not rest[at + 1:].startswith("sha256:") and \
             ("#" not in rest or at < rest.find("#")):
-        rest, enroot = rest[at + 1:], True
+        rest = rest[at + 1:]
     if "#" in rest:
         registry, _, name = rest.partition("#")
         if not registry or not name:
             raise Refused(f"--container-image={image}: REGISTRY#IMAGE needs both parts",
                           "example: --container-image=nvcr.io#nvidia/pytorch:24.05-py3")
         return f"docker://{registry}/{name}"
-    return f"docker://{rest}" if enroot else rest
+    return f"docker://{rest}"
 
 
 def mount_args(value, cwd):
@@ -133,9 +136,41 @@ def run_argv(env, argv0, args, cwd, nodename, tty=False):
     return out + [ref, "--", argv0, *args]
 
 
+def prepare(image):
+    """The plugin's user_init (GPUSANDBOX_SPANK_PREPARE=1; once per node and
+    step, before any task): resolve IMAGE as `run` would, pulling it on a
+    miss, so that a missing image fails the step with one line before its
+    tasks start and the tasks find it in the store."""
+    from ..cli import parse_run_args
+    from ..errors import UsageError
+    spec = parse_run_args([image_ref(image), "true"])
+    if spec.image_ref:
+        from ..image.storeread import prepare as cached
+        if not cached(spec):
+            from ..image.runimage import prepare as pull
+            pull(spec)
+    elif not os.path.exists(spec.image):
+        raise UsageError(f"--container-image={image}: no such file or directory",
+                         hint="give an existing FILE.sqsh, a root filesystem directory or "
+                              "an image reference")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     env = os.environ
+    if env.get(PREFIX + "PREPARE") == "1":
+        from ..errors import SandboxError, message
+        try:
+            prepare(env.get(PREFIX + "IMAGE", ""))
+        except Refused as e:
+            from ..errors import UsageError
+            e = UsageError(str(e), None, e.hint)
+            sys.stderr.write(message(e))
+            return e.code
+        except SandboxError as e:
+            sys.stderr.write(message(e))
+            return e.code
+        return 0
     argv0 = env.get(PREFIX + "ARGV0", "")
     try:
         if not argv0:

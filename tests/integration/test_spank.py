@@ -115,6 +115,33 @@ def test_pyxis_commands(tb, rootfs, workdir_base, test_user, mode):
     assert not bad, bad
 
 
+@pytest.fixture(scope="module")
+def sqsh(workdir_base):
+    """A squashfs image (FILE.sqsh, pyxis's other image form), world-readable."""
+    if not os.path.exists("/usr/bin/mksquashfs"):
+        pytest.skip("mksquashfs is not installed")
+    st = os.stat("/dev/fuse")           # rootless squashfuse, as on a distribution with udev
+    if st.st_mode & 0o666 != 0o666:
+        os.chmod("/dev/fuse", 0o666)
+    root = workdir_base / "spank-sqsh-root"
+    subprocess.run([os.path.join(sf.REPO, "scripts", "mkrootfs"), str(root), "--no-python"],
+                   check=True, capture_output=True)
+    (root / "etc" / "marker").write_text("inside the sqsh\n")
+    img = workdir_base / "spank.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(img), "-noappend", "-quiet", "-no-progress"],
+                   check=True, capture_output=True)
+    os.chmod(img, 0o644)
+    return img
+
+
+@pytest.mark.parametrize("mode", ["root", "user"])
+def test_squashfs_image(tb, sqsh, test_user, mode):
+    r = srun(tb, ["-n2", f"--container-image={sqsh}", "cat", "/etc/marker"],
+             user=test_user if mode == "user" else None)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "inside the sqsh\n" * 2
+
+
 def test_gpus_per_task(tb, rootfs, test_user):
     r = srun(tb, ["-n2", "--gpus-per-task=1", "--label", f"--container-image={rootfs}",
                   "nvidia-smi", "-L"], user=test_user)
@@ -144,11 +171,20 @@ def test_exit_codes(tb, rootfs):
     assert r.returncode == 128 + signal.SIGUSR1, r.stderr
 
 
-def test_missing_image_fails_with_one_line(tb, workdir_base):
-    r = srun(tb, [f"--container-image={workdir_base}/absent.sqsh", "true"])
+@pytest.mark.parametrize("image", ["{base}/absent.sqsh", "localhost:1#no/such:1"])
+def test_missing_image_fails_once_before_the_tasks(tb, workdir_base, image):
+    """Checked once per node before any task is forked (the plugin's user_init):
+    one line for the three tasks, and no task runs its command."""
+    image = image.format(base=workdir_base)
+    marker = workdir_base / "spank-ran"
+    r = srun(tb, ["-n3", f"--container-image={image}", "touch", str(marker)])
     assert r.returncode == 125
     errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
-    assert len(errs) == 1 and "absent.sqsh" in errs[0], r.stderr
+    assert len(errs) == 1, r.stderr
+    # the enroot URI reached the registry it names (nothing listens there)
+    assert errs[0].startswith("slurmstepd-") and ("absent.sqsh" in errs[0] or
+                                                  "registry localhost:1" in errs[0]), errs
+    assert not marker.exists()
 
 
 def test_sbatch_runs_the_script_in_the_container(tb, rootfs, workdir_base):
