@@ -13,7 +13,10 @@
  * limits and execs that program as the task itself: the pid slurmstepd waits
  * for, in the step's cgroups, with the task's stdio, signals, PMI descriptors
  * and environment.  The program (gpusandbox.hpc.spanktask) turns the options
- * into `gpusandbox run OPTIONS IMAGE -- ARGV` in the same process.
+ * into `gpusandbox run OPTIONS IMAGE -- ARGV` in the same process.  Before
+ * the tasks, slurm_spank_user_init runs it once per node in its check mode
+ * (resolve the image, pull it on a miss), so a missing image fails the step
+ * in one line before any task starts.
  *
  * Why argv[0] and not an execve of our own here: slurmstepd still has work to
  * do after task_init (TaskProlog, TMPDIR, PropagateResourceLimits), and only
@@ -51,6 +54,8 @@ static const char *const opt_env[O_COUNT] = {
 	"GPUSANDBOX_SPANK_REMAP_ROOT", "GPUSANDBOX_SPANK_ENTRYPOINT",
 	"GPUSANDBOX_SPANK_ENTRYPOINT_LOG", "GPUSANDBOX_SPANK_WRITABLE",
 };
+
+#define PREFIX "GPUSANDBOX_SPANK_"
 
 static char *opt_val[O_COUNT];
 /* The image check of user_init: its exit status (0: ready) for task_init. */
@@ -351,15 +356,18 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		slurm_error("gpusandbox: cannot read the job's user and environment");
 		return -1;
 	}
-	while (env[n])
-		n++;
-	if (!(envp = calloc(n + 3, sizeof(*envp))) ||
-	    asprintf(&envp[n], "GPUSANDBOX_SPANK_IMAGE=%s", opt_val[O_IMAGE]) < 0) {
+	for (i = 0; env[i]; i++)
+		;
+	if (!(envp = calloc(i + 3, sizeof(*envp))))
+		return -1;
+	for (i = 0; env[i]; i++)        /* the job's, without any of ours */
+		if (strncmp(env[i], PREFIX, strlen(PREFIX)) != 0)
+			envp[n++] = env[i];
+	if (asprintf(&envp[n], PREFIX "IMAGE=%s", opt_val[O_IMAGE]) < 0) {
 		free(envp);
 		return -1;
 	}
-	memcpy(envp, env, n * sizeof(*envp));
-	envp[n + 1] = "GPUSANDBOX_SPANK_PREPARE=1";
+	envp[n + 1] = PREFIX "PREPARE=1";
 	if (pipe2(pfd, O_CLOEXEC)) {
 		free(envp[n]);
 		free(envp);
@@ -426,18 +434,24 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		slurm_error("gpusandbox: the task has no command to run");
 		return -1;
 	}
+	/* Only what this step's options say reaches the task program. */
+	spank_unsetenv(sp, PREFIX "PREPARE");
+	spank_unsetenv(sp, PREFIX "BATCH");
 	if (spank_get_item(sp, S_JOB_STEPID, &step) == ESPANK_SUCCESS &&
 	    step == SLURM_BATCH_SCRIPT &&
-	    spank_setenv(sp, "GPUSANDBOX_SPANK_BATCH", "1", 1) != ESPANK_SUCCESS)
-		return -1;
-	for (i = 0; i < O_COUNT; i++)
-		if (opt_val[i] && spank_setenv(sp, opt_env[i], opt_val[i], 1) != ESPANK_SUCCESS)
+	    spank_setenv(sp, PREFIX "BATCH", "1", 1) != ESPANK_SUCCESS)
+		goto fail;
+	for (i = 0; i < O_COUNT; i++) {
+		if (!opt_val[i])
+			spank_unsetenv(sp, opt_env[i]);
+		else if (spank_setenv(sp, opt_env[i], opt_val[i], 1) != ESPANK_SUCCESS)
 			goto fail;
+	}
 	if (!opt_val[O_ENTRYPOINT] &&
 	    spank_setenv(sp, opt_env[O_ENTRYPOINT], execute_entrypoint ? "1" : "0", 1)
 	    != ESPANK_SUCCESS)
 		goto fail;
-	if (spank_setenv(sp, "GPUSANDBOX_SPANK_ARGV0", argv[0], 1) != ESPANK_SUCCESS)
+	if (spank_setenv(sp, PREFIX "ARGV0", argv[0], 1) != ESPANK_SUCCESS)
 		goto fail;
 	argv[0] = strdup(task_prog);
 	return argv[0] ? 0 : -1;
