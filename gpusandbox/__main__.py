@@ -31,6 +31,7 @@ commands:
   slurm-oci run|state|kill|delete BUNDLE      the runtime of Slurm's oci.conf (srun --container)
   slurm install-plugin [--dir DIR]            build the SPANK plugin for srun --container-image
                                               (pyxis's options) and print plugstack.conf's line
+  slurm containers [rm NAME...]               your named containers (srun --container-name)
   oci [--root DIR] COMMAND ...                the OCI runtime command line (runc's; docs/oci.md)
   completion bash|zsh                         print the shell completion script
   man [run] [-o DIR]                          print the man page gpusandbox(1) or gpusandbox-run(1)

@@ -51,7 +51,31 @@ def _parser():
     i.add_argument("--execute-entrypoint", action="store_true",
                    help="run the image's entrypoint unless --no-container-entrypoint "
                         "(pyxis's execute_entrypoint=1; default: not run)")
+    c = sub.add_parser("containers", help="list or remove your named containers "
+                       "(--container-name)",
+                       description="list the caller's named containers (srun "
+                                   "--container-name), or remove them with rm NAME...")
+    c.add_argument("op", nargs="?", choices=["list", "rm"], default="list",
+                   help="list (default) or rm")
+    c.add_argument("names", nargs="*", metavar="NAME", help="the containers to remove")
     return p
+
+
+def _containers(a):
+    from . import spankname
+    env = os.environ
+    if a.op == "list":
+        if a.names:
+            raise UsageError("containers list takes no NAME", hint="gpusandbox slurm containers")
+        for n in spankname.names(env):
+            sys.stdout.write(n + "\n")
+        return 0
+    if not a.names:
+        raise UsageError("containers rm: name the containers to remove",
+                         hint="gpusandbox slurm containers rm NAME...")
+    for n in a.names:
+        spankname.remove(env, n)
+    return 0
 
 
 def _atomic_write(path, data, mode):
@@ -113,6 +137,8 @@ def build(dest, include, cc, execute_entrypoint=False):
 def main(argv):
     p = _parser()
     a = p.parse_args(argv)
+    if a.cmd == "containers":
+        return _containers(a)
     if a.cmd != "install-plugin":
         p.print_help()
         return 2 if argv else 0

@@ -42,7 +42,7 @@
 SPANK_PLUGIN(gpusandbox, 1);
 
 enum opt_id {
-	O_IMAGE, O_MOUNTS, O_WORKDIR, O_ENV, O_UNSHARE, O_MOUNT_HOME,
+	O_IMAGE, O_MOUNTS, O_WORKDIR, O_ENV, O_UNSHARE, O_NAME, O_MOUNT_HOME,
 	O_REMAP_ROOT, O_ENTRYPOINT, O_ENTRYPOINT_LOG, O_WRITABLE, O_COUNT
 };
 
@@ -50,7 +50,7 @@ enum opt_id {
 static const char *const opt_env[O_COUNT] = {
 	"GPUSANDBOX_SPANK_IMAGE", "GPUSANDBOX_SPANK_MOUNTS",
 	"GPUSANDBOX_SPANK_WORKDIR", "GPUSANDBOX_SPANK_ENV",
-	"GPUSANDBOX_SPANK_UNSHARE", "GPUSANDBOX_SPANK_MOUNT_HOME",
+	"GPUSANDBOX_SPANK_UNSHARE", "GPUSANDBOX_SPANK_NAME", "GPUSANDBOX_SPANK_MOUNT_HOME",
 	"GPUSANDBOX_SPANK_REMAP_ROOT", "GPUSANDBOX_SPANK_ENTRYPOINT",
 	"GPUSANDBOX_SPANK_ENTRYPOINT_LOG", "GPUSANDBOX_SPANK_WRITABLE",
 };
@@ -82,6 +82,9 @@ static struct spank_option options[] = {
 	 V(O_ENV, 0), opt_cb},
 	{"container-unshare", "net,ipc,uts",
 	 "[gpusandbox] namespaces not shared with the node", 1, V(O_UNSHARE, 0), opt_cb},
+	{"container-name", "NAME",
+	 "[gpusandbox] keep the container's writable state under NAME after the step "
+	 "and reuse it (then --container-image may be left out)", 1, V(O_NAME, 0), opt_cb},
 	{"container-mount-home", NULL,
 	 "[gpusandbox] bind mount the user's home directory", 0, V(O_MOUNT_HOME, 1), opt_cb},
 	{"no-container-mount-home", NULL,
@@ -197,6 +200,8 @@ static const char *check_unshare(const char *s, size_t n)
 
 static const char *check(int id, const char *arg)
 {
+	size_t n;
+
 	if (!arg || !*arg)
 		return "a value is required";
 	if (!printable(arg) || strlen(arg) > 8192)
@@ -210,6 +215,12 @@ static const char *check(int id, const char *arg)
 		return check_list(arg, check_name);
 	case O_UNSHARE:
 		return check_list(arg, check_unshare);
+	case O_NAME:
+		for (n = 0; arg[n]; n++)
+			if (!(isalnum((unsigned char) arg[n]) || strchr("._-", arg[n])))
+				return "letters, digits, '.', '_' and '-' only";
+		return arg[0] == '.' || n > 64 ? "at most 64 characters, not starting with '.'"
+					       : NULL;
 	case O_IMAGE:
 		if (arg[strlen(arg) - 1] == '/' && arg[0] != '/' && arg[0] != '.')
 			return "an image reference cannot end in '/'";
@@ -347,7 +358,7 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 
 	(void) ac;
 	(void) av;
-	if (!opt_val[O_IMAGE] || !task_prog)
+	if ((!opt_val[O_IMAGE] && !opt_val[O_NAME]) || !task_prog)
 		return 0;
 	prepare_status = 125;
 	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
@@ -358,18 +369,20 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	}
 	for (i = 0; env[i]; i++)
 		;
-	if (!(envp = calloc(i + 3, sizeof(*envp))))
+	if (!(envp = calloc(i + 4, sizeof(*envp))))
 		return -1;
 	for (i = 0; env[i]; i++)        /* the job's, without any of ours */
 		if (strncmp(env[i], PREFIX, strlen(PREFIX)) != 0)
 			envp[n++] = env[i];
-	if (asprintf(&envp[n], PREFIX "IMAGE=%s", opt_val[O_IMAGE]) < 0) {
+	if (asprintf(&envp[n], PREFIX "IMAGE=%s", opt_val[O_IMAGE] ? opt_val[O_IMAGE] : "") < 0 ||
+	    asprintf(&envp[n + 1], PREFIX "NAME=%s", opt_val[O_NAME] ? opt_val[O_NAME] : "") < 0) {
 		free(envp);
 		return -1;
 	}
-	envp[n + 1] = PREFIX "PREPARE=1";
+	envp[n + 2] = PREFIX "PREPARE=1";
 	if (pipe2(pfd, O_CLOEXEC)) {
 		free(envp[n]);
+		free(envp[n + 1]);
 		free(envp);
 		return -1;
 	}
@@ -392,6 +405,7 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	}
 	close(pfd[0]);
 	free(envp[n]);
+	free(envp[n + 1]);
 	free(envp);
 	if (pid < 0) {
 		slurm_error("gpusandbox: cannot fork to check the image: %m");
@@ -420,7 +434,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 
 	(void) ac;
 	(void) av;
-	if (!opt_val[O_IMAGE])
+	if (!opt_val[O_IMAGE] && !opt_val[O_NAME])
 		return 0;
 	if (prepare_status)         /* told once by user_init; every task fails */
 		_exit(prepare_status);

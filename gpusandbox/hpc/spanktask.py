@@ -88,16 +88,17 @@ def mount_args(value, cwd):
     return out
 
 
-def run_argv(env, argv0, args, cwd, nodename, tty=False):
-    """The `gpusandbox run` argv for this task (without the leading 'run')."""
+def run_argv(env, argv0, args, cwd, nodename, tty=False, container=None):
+    """The `gpusandbox run` argv for this task (without the leading 'run');
+    `container`: the directory of the named container it runs in."""
     def get(name):
         return env.get(PREFIX + name)
     image = get("IMAGE")
-    if not image:
+    if not image and not container:
         raise Refused("no --container-image reached the task",
                       "this program is started by the gpusandbox SPANK plugin only")
-    ref = image_ref(image)
-    out = []
+    ref = container or image_ref(image)
+    out = ["--rw"] if container else []
     if get("MOUNTS"):
         out += mount_args(get("MOUNTS"), cwd)
     if get("MOUNT_HOME") == "1":
@@ -124,23 +125,20 @@ def run_argv(env, argv0, args, cwd, nodename, tty=False):
         out += ["--hostname", nodename]
     if get("REMAP_ROOT") == "1":
         out += ["--root"]
-    if get("WRITABLE") == "1":
+    if get("WRITABLE") == "1" and not container:
         out += ["--writable-tmpfs"]
     if get("BATCH") == "1" and argv0.startswith("/"):
         out += ["-v", f"{argv0}:{argv0}:ro"]        # the spooled batch script
     if tty:
         out += ["-t"]               # srun --pty: the task's stdin is slurmstepd's terminal
     path = os.path.join(cwd, ref) if ref.startswith(".") else ref
-    if get("ENTRYPOINT") != "1" and not os.path.isdir(path):
+    if get("ENTRYPOINT") != "1" and not container and not os.path.isdir(path):
         out += ["--entrypoint", ""]
     return out + [ref, "--", argv0, *args]
 
 
-def prepare(image):
-    """The plugin's user_init (GPUSANDBOX_SPANK_PREPARE=1; once per node and
-    step, before any task): resolve IMAGE as `run` would, pulling it on a
-    miss, so that a missing image fails the step with one line before its
-    tasks start and the tasks find it in the store."""
+def resolve(image):
+    """IMAGE resolved as `run` would, pulled on a miss: its RunSpec."""
     from ..cli import parse_run_args
     from ..errors import UsageError
     spec = parse_run_args([image_ref(image), "true"])
@@ -153,6 +151,34 @@ def prepare(image):
         raise UsageError(f"--container-image={image}: no such file or directory",
                          hint="give an existing FILE.sqsh, a root filesystem directory or "
                               "an image reference")
+    return spec
+
+
+def prepare(env):
+    """The plugin's user_init (GPUSANDBOX_SPANK_PREPARE=1; once per node and
+    step, before any task): resolve the image as `run` would, pulling it on
+    a miss, so that a missing image fails the step with one line before its
+    tasks start and the tasks find it in the store; with --container-name,
+    take the named container (created from the image on first use)."""
+    image, name = env.get(PREFIX + "IMAGE"), env.get(PREFIX + "NAME")
+    if not name:
+        resolve(image or "")
+        return
+    from . import spankname
+
+    def materialize(tmp):
+        from ..errors import UsageError
+        if not image:
+            raise UsageError(f"--container-name={name}: no such container", None,
+                             f"create it: --container-image=IMAGE --container-name={name}")
+        spec = resolve(image)
+        if spec.image_ref:          # the store's bundle: config.json (env, cwd) + rootfs/
+            spankname.copy_tree(os.path.dirname(spec.image), tmp)
+        elif os.path.isdir(spec.image):
+            spankname.copy_tree(spec.image, tmp)
+        else:
+            spankname.unsquash(spec.image, tmp)
+    spankname.take(env, name, materialize)
 
 
 def main(argv=None):
@@ -161,7 +187,7 @@ def main(argv=None):
     if env.get(PREFIX + "PREPARE") == "1":
         from ..errors import SandboxError, message
         try:
-            prepare(env.get(PREFIX + "IMAGE", ""))
+            prepare(env)
         except Refused as e:
             from ..errors import UsageError
             e = UsageError(str(e), None, e.hint)
@@ -171,16 +197,26 @@ def main(argv=None):
             sys.stderr.write(message(e))
             return e.code
         return 0
+    from ..errors import SandboxError
     argv0 = env.get(PREFIX + "ARGV0", "")
     try:
         if not argv0:
             raise Refused("GPUSANDBOX_SPANK_ARGV0 is not set",
                           "this program is started by the gpusandbox SPANK plugin only")
-        run = run_argv(env, argv0, argv, os.getcwd(), os.uname().nodename, os.isatty(0))
+        container = None
+        if env.get(PREFIX + "NAME"):
+            from .spankname import enter
+            container = enter(env, env[PREFIX + "NAME"])    # held while this process lives
+        run = run_argv(env, argv0, argv, os.getcwd(), os.uname().nodename, os.isatty(0),
+                       container)
     except Refused as e:
         from ..errors import UsageError, message
         sys.stderr.write(message(UsageError(str(e), None, e.hint)))
         return 125
+    except SandboxError as e:
+        from ..errors import message
+        sys.stderr.write(message(e))
+        return e.code
     for k in [k for k in env if k.startswith(PREFIX)]:
         del env[k]
     from ..__main__ import main as gpusandbox

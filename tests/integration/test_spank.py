@@ -36,6 +36,7 @@ def tb(cli, workdir_base):
         assert line.startswith("required /") and " task=/" in line, line
         with open(os.path.join(bed.state, "plugstack.conf"), "w") as f:
             f.write(line + "\n")
+        bed.cli = cli
         yield bed
     finally:
         bed.stop()
@@ -58,6 +59,7 @@ def njobs(tb):
     ("--container-workdir=rel", "must be an absolute path"),
     ("--container-env=1X", "not a variable name"),
     ("--container-unshare=pid", "unknown namespace"),
+    ("--container-name=../x", "letters, digits"),
 ])
 def test_bad_option_is_refused_before_allocation(tb, rootfs, opt, why):
     before = njobs(tb)
@@ -224,3 +226,54 @@ def test_scancel_leaves_nothing(tb, rootfs, workdir_base):
     assert [p for p in pids if os.path.exists(f"/proc/{p}")] == []
     assert tb.job_cgroups(jobid) == []
     assert str(rootfs) not in open("/proc/self/mountinfo").read()
+
+
+@pytest.mark.parametrize("mode", ["root", "user"])
+def test_named_container_across_steps_and_jobs(tb, rootfs, workdir_base, test_user, mode):
+    """--container-name keeps the container's writes for later steps (each srun
+    from the login node is a job of its own, so this is across jobs too), a
+    name without --container-image reuses it, a step that names it while
+    another runs in it stops with one line, and `containers rm` removes it."""
+    user = test_user if mode == "user" else None
+    store = workdir_base / f"spank-containers-{mode}"
+    store.mkdir()
+    if user:
+        os.chown(store, user.pw_uid, user.pw_gid)
+    env = {"GPUSANDBOX_CONTAINERS": str(store)}
+    r = srun(tb, [f"--container-image={rootfs}", "--container-name=work", "sh", "-c",
+                  "echo kept > /state; cat /state"], user=user, env=env)
+    assert (r.returncode, r.stdout) == (0, "kept\n"), r.stderr
+    r = srun(tb, ["--container-name=work", "-n2", "cat", "/state"], user=user, env=env)
+    assert (r.returncode, r.stdout) == (0, "kept\n" * 2), r.stderr
+    # the image itself was not written
+    assert not (rootfs / "state").exists()
+
+    ready = store / "ready"
+    p = tb.srun_bg(["--container-name=work", f"--container-mounts={store}:/out", "sh", "-c",
+                    "touch /out/ready; sleep 30"], user=user,
+                   env=dict(env, GPUSANDBOX_DRIVER_ROOT=tb.sim_dir))
+    try:
+        end = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < end and p.poll() is None, p.stderr.read() if p.poll() \
+                is not None else "never ready"
+            time.sleep(0.05)
+        r = srun(tb, ["--container-name=work", "true"], user=user, env=env)
+        assert r.returncode == 125
+        errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
+        assert len(errs) == 1 and "in use by another step" in errs[0], r.stderr
+    finally:
+        p.kill()
+        p.communicate(timeout=30)
+
+    r = srun(tb, ["--container-name=absent", "true"], user=user, env=env)
+    assert r.returncode == 125 and "no such container" in r.stderr, r.stderr
+    cli = [tb.cli, "slurm", "containers"]
+    r = tb.run(cli, user=user, env=env)
+    assert r.stdout.split() == ["work"], r.stderr
+    end = time.monotonic() + 20     # the killed srun's step ends in its own time
+    while (r := tb.run(cli + ["rm", "work"], user=user, env=env)).returncode and \
+            "in use" in r.stderr and time.monotonic() < end:
+        time.sleep(0.2)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(store)) == ["ready"]

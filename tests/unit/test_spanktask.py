@@ -102,3 +102,9 @@ def test_terminal_asks_for_one():
     e = dict(BASE)
     assert "-t" in st.run_argv(e, "bash", [], "/job", "n", tty=True)
     assert "-t" not in st.run_argv(e, "bash", [], "/job", "n", tty=False)
+
+
+def test_named_container_runs_read_write_without_the_image():
+    e = {"GPUSANDBOX_SPANK_NAME": "work", "GPUSANDBOX_SPANK_WRITABLE": "1"}
+    got = st.run_argv(e, "sh", [], "/job", "n", container="/c/work")
+    assert got == ["--rw", "--net", "host", "--hostname", "n", "/c/work", "--", "sh"]
