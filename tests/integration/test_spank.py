@@ -28,6 +28,14 @@ def tb(cli, workdir_base):
     except sf.TestbedUnavailable as e:
         pytest.skip(f"Slurm testbed unavailable: {e}")
     try:
+        if not os.path.exists("/usr/include/slurm/spank.h"):    # as the testbed installs Slurm
+            r = subprocess.run(["apt-get", "install", "-y", "-q", "libslurm-dev"],
+                               env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               timeout=600)
+            if r.returncode:
+                pytest.skip(f"slurm/spank.h missing, apt-get install libslurm-dev failed: "
+                            f"{r.stderr.strip()[-200:]}")
         r = subprocess.run([cli, "slurm", "install-plugin", "--dir",
                             str(workdir_base / "spank-plugin")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
