@@ -38,6 +38,9 @@ commands:
   runtime configure --runtime ENGINE          register gpusandbox-runtime with podman/docker/containerd
   mps up|down|status [--gpus SEL] [--exclusive]  the caller's MPS daemons (docs/sharing.md)
   slurm-oci run|state|kill|delete BUNDLE      the runtime of Slurm's oci.conf (srun --container)
+  slurm install-plugin [--dir DIR]            build the SPANK plugin for srun --container-image
+                                              (pyxis's options) and print plugstack.conf's line
+  slurm containers [rm NAME...]               your named containers (srun --container-name)
   oci [--root DIR] COMMAND ...                the OCI runtime command line (runc's; docs/oci.md)
   completion bash|zsh                         print the shell completion script
   man [run] [-o DIR]                          print the man page gpusandbox(1) or gpusandbox-run(1)
@@ -65,6 +68,7 @@ _COMMANDS = {
     "runtime": ("gpusandbox.oci.runtimeconf", "main"),
     "mps": ("gpusandbox.gpu.mpscli", "main"),
     "slurm-oci": ("gpusandbox.hpc.slurmoci", "main"),
+    "slurm": ("gpusandbox.hpc.spank", "main"),
     "pull": ("gpusandbox.image.cli", "main_pull"),
     "images": ("gpusandbox.image.cli", "main_images"),
     "rmi": ("gpusandbox.image.cli", "main_rmi"),

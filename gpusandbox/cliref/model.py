@@ -220,6 +220,7 @@ ARGPARSE = {
     "logs": ("gpusandbox.live.cli", "logs_parser", ()),
     "wait": ("gpusandbox.live.cli", "wait_parser", ()),
     "rm": ("gpusandbox.live.cli", "rm_parser", ()),
+    "slurm": ("gpusandbox.hpc.spank", "_parser", ()),
     "cdi generate": ("gpusandbox.oci.cdi.cli", "generate_parser", ()),
     "cdi list": ("gpusandbox.oci.cdi.cli", "list_parser", ()),
     "cdi check": ("gpusandbox.oci.cdi.cli", "check_parser", ()),

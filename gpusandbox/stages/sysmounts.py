@@ -160,7 +160,7 @@ def _cgroup_v1_view(rootfd, view, kern=KERNEL):
     try:
         kern.restrict(fd, ro=True, noexec=True, recursive=False)
     finally:
-        os.close(fd)
+        kern.close(fd)
 
 
 def mask(rootfd, plan, kern=KERNEL):

@@ -101,6 +101,7 @@ def _man_names(roff):
 
 
 def _man_section(roff, path):
+    path = path.replace("-", "\\-")          # roff escapes a hyphen
     return roff.split(f'.SS "gpusandbox {path}"\n', 1)[1].split("\n.S", 1)[0]
 
 

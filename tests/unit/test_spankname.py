@@ -1,0 +1,65 @@
+"""Named containers of the SPANK plugin: one writer, nothing left on failure."""
+import os
+
+import pytest
+
+from gpusandbox.errors import UsageError
+from gpusandbox.hpc import spankname as sn
+
+
+def env(tmp_path, step="0"):
+    return {"GPUSANDBOX_CONTAINERS": str(tmp_path / "c"), "SLURM_JOB_ID": "7",
+            "SLURM_STEP_ID": step}
+
+
+def fill(tmp):
+    os.makedirs(tmp + "/rootfs/etc")
+    open(tmp + "/rootfs/etc/x", "w").close()
+
+
+def test_take_creates_once_then_enter(tmp_path):
+    e = env(tmp_path)
+    path = sn.take(e, "a", fill)
+    assert os.path.isfile(path + "/rootfs/etc/x")
+    assert sn.take(e, "a", lambda tmp: pytest.fail("created twice")) == path
+    assert sn.enter(e, "a") == path
+    assert sn.names(e) == ["a"]
+
+
+def test_a_running_step_keeps_the_container(tmp_path):
+    sn.take(env(tmp_path, "0"), "a", fill)
+    sn.enter(env(tmp_path, "0"), "a")          # its descriptor stays open: held
+    with pytest.raises(UsageError, match="in use by another step"):
+        sn.take(env(tmp_path, "1"), "a", fill)
+
+
+def test_a_step_that_lost_the_container_stops(tmp_path):
+    sn.take(env(tmp_path, "0"), "a", fill)
+    sn.take(env(tmp_path, "1"), "a", fill)     # before step 0's tasks started
+    with pytest.raises(UsageError, match="taken by step 7.1"):
+        sn.enter(env(tmp_path, "0"), "a")
+
+
+def test_failed_creation_leaves_nothing(tmp_path):
+    def broken(tmp):
+        fill(tmp)
+        raise UsageError("no image")
+    with pytest.raises(UsageError):
+        sn.take(env(tmp_path), "a", broken)
+    assert os.listdir(tmp_path / "c") == []
+
+
+def test_remove_read_only_tree(tmp_path):
+    e = env(tmp_path)
+    path = sn.take(e, "a", fill)
+    os.chmod(path + "/rootfs/etc", 0o555)
+    sn.remove(e, "a")
+    assert os.listdir(tmp_path / "c") == []
+    with pytest.raises(UsageError, match="no container named a"):
+        sn.remove(e, "a")
+
+
+@pytest.mark.parametrize("name", ["", ".x", "a/b", "x" * 65, "a b"])
+def test_bad_names(tmp_path, name):
+    with pytest.raises(UsageError):
+        sn.take(env(tmp_path), name, fill)
