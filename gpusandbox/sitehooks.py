@@ -10,8 +10,11 @@ lexical order at two points of every launch:
           land in the sandbox's own writable layer) or mount into it.
           The stages' init runs it: `run`, the OCI runtime (podman, docker
           through gpusandbox-oci) and `slurm-oci` alike.
-  exit    after the command ended, on the host, by the launcher of `run`
-          (no root filesystem; "status" in the plan).
+  exit    on the host, after the sandbox ended (no root filesystem):
+          `run`'s launcher (and so `slurm-oci` and a SPANK step, which are
+          `run`), with the command's "status" in the plan; the OCI
+          runtime's `delete` (its caller collected the status, so "status"
+          is null there), when `create` found site hooks.
 
 Each hook is run as `HOOK POINT` (a hook ignores a point it does not
 handle by exiting 0), with the plan as JSON on stdin, stdout joined to
@@ -33,6 +36,9 @@ from .conffile import owner_problem
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ROOTFS_FD = 3
 _FOUND = []
+# The door a launch came through when `run` is called by another one
+# (hpc/slurmoci.py sets "slurm-oci"); else info() tells run from oci.
+DOOR = []
 
 
 def hooks(warn=None):
@@ -78,11 +84,12 @@ def hooks(warn=None):
 def info(plan, point, status=None):
     """The plan as the hooks see it (stdin)."""
     spec = plan.spec
-    doc = {"point": point, "door": "oci" if getattr(plan, "oci", None) is not None else "run",
+    door = DOOR[0] if DOOR else "oci" if getattr(plan, "oci", None) is not None else "run"
+    doc = {"point": point, "door": door,
            "image": spec.image, "argv": list(spec.argv or []),
            "rootfs_mode": spec.rootfs_mode, "gpus": spec.gpus,
            "job": os.environ.get("SLURM_JOB_ID"), "step": os.environ.get("SLURM_STEP_ID")}
-    if status is not None:
+    if point == "exit":
         doc["status"] = status
     return doc
 
@@ -140,3 +147,12 @@ def rootfs_point(plan, rootfd):
     if failed:
         path, why = failed[0]
         raise OSError(0, f"site hook {path} failed: {why}")
+
+
+def exit_point(doc, status, warn):
+    """The exit point with the plan `doc` (info(plan, "exit")): a failing
+    hook is a `warn` line naming it; the command's status stands."""
+    if not hooks():
+        return
+    for path, why in run_point("exit", dict(doc, point="exit", status=status)):
+        warn(f"site hook {path} failed at exit: {why}")

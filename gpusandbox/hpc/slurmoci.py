@@ -204,6 +204,8 @@ def main(argv):
             # --env-host passes the caller's own, PATH and HOME as `run` sets
             # them and never what environ.NEVER_PASS names.
             opts = ["--env-host", *_gpus_from_cgroup(opts, os.environ)]
+        from .. import sitehooks
+        sitehooks.DOOR.append("slurm-oci")     # the door the site hooks are told
         from ..cli import main_run
         code = main_run([*opts, image, "--", *args])
         sys.stdout.flush()

@@ -147,10 +147,9 @@ def _exit_hooks(plan, status):
     """The site's exit hooks (sitehooks.py): a failure is a warning, the
     command's status stands."""
     from .. import sitehooks
-    if not sitehooks.hooks() or plan.host_root:
-        return
-    for path, why in sitehooks.run_point("exit", sitehooks.info(plan, "exit", status)):
-        _say(f"warning: site hook {path} failed at exit: {why}")
+    if sitehooks.hooks() and not plan.host_root:
+        sitehooks.exit_point(sitehooks.info(plan, "exit"), status,
+                             lambda line: _say(f"warning: {line}"))
 
 
 def _no_gpu(plan, err):

@@ -154,6 +154,9 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
             log.warn(w)
         if plan.hook_state:
             from . import hooks  # noqa: F401 - run by the init, a clone of this process
+        from ... import sitehooks   # the init's list, read here (warnings to the log)
+        site_exit = sitehooks.info(plan, "exit") \
+            if sitehooks.hooks(log.warn) and not plan.host_root else None
         _rlimits(plan)
         _setns([(t, p) for t, p in x.ns_join if t not in LATE])
         if spec.hostname and any(t == "uts" for t, _ in x.ns_join):
@@ -224,6 +227,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
               "annotations": x.annotations, "cgroup": cg.path, "cgroup_version": cg.version,
               "cgroup_v1": cg.v1,
               "hooks": plan.hooks, "_dir": d}
+        if site_exit is not None:
+            st["site_exit"] = site_exit     # delete runs the site's exit point
         state.save(st)
         if pid_file:
             tmp = f"{pid_file}.{os.getpid()}.tmp"

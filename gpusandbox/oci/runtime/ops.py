@@ -205,6 +205,11 @@ def delete(root, cid, force, log):
     if (st.get("hooks") or {}).get("poststop"):
         from . import hooks
         hooks.run(st.get("hooks"), ("poststop",), state.public(st), log, fatal=False)
+    if isinstance(st.get("site_exit"), dict):
+        # The site's exit point (sitehooks.py): the container has ended; its
+        # status went to the caller that reaped it (conmon), not to us.
+        from ... import sitehooks
+        sitehooks.exit_point(st["site_exit"], None, log.warn)
     d = st["_dir"]
     for name in state.FILES:
         try:

@@ -247,7 +247,8 @@ def _fast(st):
     stopped container are no more than the entry does (no poststart or
     poststop hook, no cgroup or a cgroup2 leaf without v1 leaves), `start`
     where only `start` is (no hook, but a cgroup the entry's one rmdir
-    cannot remove: cgroup v1 leaves), else `python`.  None (no file: the
+    cannot remove: cgroup v1 leaves; or site exit hooks, which `delete`
+    runs), else `python`.  None (no file: the
     entry falls back to Python) where a line would not survive the shell's
     `read`."""
     pid, start, leaf = st.get("pid") or 0, st.get("start_time"), st.get("cgroup") or ""
@@ -268,7 +269,7 @@ def _fast(st):
     how = "python"
     if not hooks.get("poststart") and not hooks.get("poststop"):
         how = "plain" if (not leaf or st.get("cgroup_version") == 2) \
-            and not st.get("cgroup_v1") else "start"
+            and not st.get("cgroup_v1") and not st.get("site_exit") else "start"
     return f"{FAST_MAGIC}\n{pid}\n{start}\n{leaf}\n{head}\n{tail}\n{how}\n"
 
 
