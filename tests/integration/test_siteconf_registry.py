@@ -413,12 +413,13 @@ def test_failing_site_hook_one_line(runner, etc, home, rootfs):
 
 @pytest.mark.skipif(not shutil.which("podman") or not shutil.which("conmon"),
                     reason="podman and conmon are not installed")
-def test_site_hook_runs_for_podman_through_gpusandbox_oci(podman, etc):
+def test_site_hook_runs_for_podman_through_gpusandbox_oci(podman, etc, shared_tmp):
     from .test_oci_runtime_podman import IMAGE, RUN
     if podman.mode == "rootless":
         pytest.skip("rootless podman joins the namespaces of its pause process, made "
                     "before this test's /etc overlay existed")
-    etc.write("gpusandbox/hooks.d/10-license", HOOK.format(exit_log="/dev/null"), 0o755)
+    exit_log = shared_tmp / "exit.json"
+    etc.write("gpusandbox/hooks.d/10-license", HOOK.format(exit_log=exit_log), 0o755)
     os.chmod(etc.upper / "gpusandbox/hooks.d", 0o755)
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
             'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2" /etc '
@@ -430,3 +431,7 @@ def test_site_hook_runs_for_podman_through_gpusandbox_oci(podman, etc):
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[0].startswith("rootfs oci ")
     assert r.stdout.split("\n")[1] == "licensed"
+    # podman run --rm deleted the container: the runtime's delete ran the
+    # exit point (podman's conmon reaped the status: null here).
+    ended = json.loads(exit_log.read_text())
+    assert (ended["point"], ended["door"], ended["status"]) == ("exit", "oci", None)
