@@ -60,7 +60,8 @@ def main(argv):
         else:
             for k in t:
                 sys.stdout.write(f"{k['key']:16} {k['kind']:7} {_show(k['default']):10} "
-                                 f"{k['variable'] or '-':28} {k['doc']}\n")
+                                 f"{k['variable'] or '-':28} {k['doc']}\n"
+                                 f"{'':16} honoured by: {k['doors']}\n")
         return 0
     s = settingsmod.Settings()
     r = rows(s)

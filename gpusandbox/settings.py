@@ -47,6 +47,24 @@ OLD_FILE_VARS = ("GPUSANDBOX_OCI_CONFIG",)
 _WS = " \t"
 
 
+# The doors that read settings (docs/config.md, "What each door honours"):
+# a key's `doors` names those that honour it, from this table.
+DOORS = {
+    "run": "gpusandbox run",
+    "slurm-oci": "gpusandbox slurm-oci run (srun --container): `run` of the step's bundle",
+    "spank": "a SPANK step (srun --container-image): `run` as the step's task",
+    "gpusandbox-oci": "the OCI runtime (podman, docker, containerd --runtime gpusandbox-oci)",
+    "hook": "gpusandbox hook, the OCI hook under runc or crun",
+    "wrapper": "gpusandbox-runtime, the runtime wrapper",
+    "filter": "gpusandbox oci-filter, podman's precreate hook",
+    "pull": "gpusandbox pull", "images": "gpusandbox images, rmi",
+}
+_RUN = "run, slurm-oci, spank"      # `run`'s own options: the doors that are `run`
+_ALL = "run, slurm-oci, spank, gpusandbox-oci, hook, wrapper, filter"
+_STORE = "run, spank, pull, images"
+_IMAGES = "run, spank, pull"         # a registry or store image (slurm-oci runs a directory)
+
+
 class Key:
     """One setting: its name in the files, its kind (what a value must be),
     its default, its variable (None: files only), the `run` option that
@@ -59,7 +77,7 @@ class Key:
                  "doc", "site_only", "merge", "choices", "oci_conf", "toml")
 
     def __init__(self, name, kind, default, env, aliases=(), within=None, flag=None,
-                 doors="run", doc="", site_only=False, merge=False, choices=(),
+                 doors=_RUN, doc="", site_only=False, merge=False, choices=(),
                  oci_conf=False, toml=True):
         self.name, self.kind, self.default, self.env = name, kind, default, env
         self.aliases, self.within = aliases, within
@@ -92,7 +110,6 @@ class Key:
         return check_value(self, text, self.env)
 
 
-_ALL = "run, gpusandbox-oci, hook, wrapper, filter, slurm-oci"
 KEYS = {k.name: k for k in (
     Key("driver-root", "path", "/", "GPUSANDBOX_DRIVER_ROOT", ("driver_root",),
         flag="--driver-root", doors=_ALL, oci_conf=True,
@@ -103,9 +120,9 @@ KEYS = {k.name: k for k in (
     Key("runtime", "path", None, "GPUSANDBOX_OCI_RUNTIME", doors="wrapper", oci_conf=True,
         toml=False,
         doc="the OCI runtime the gpusandbox-runtime wrapper execs (default runc, else crun)"),
-    Key("store", "dir", None, "GPUSANDBOX_STORE", flag="--store", doors="run, pull, images",
+    Key("store", "dir", None, "GPUSANDBOX_STORE", flag="--store", doors=_STORE,
         doc="the user's image store (default $XDG_DATA_HOME/gpusandbox/store)"),
-    Key("site-store", "dir", None, "GPUSANDBOX_SITE_STORE", doors="run, pull, images",
+    Key("site-store", "dir", None, "GPUSANDBOX_SITE_STORE", doors=_STORE,
         doc="a read-only store of images the site provides, searched after the user's"),
     Key("mounts", "mounts", [], None, merge=True,
         doc="binds every sandbox gets ([[mounts]] tables: source, destination, "
@@ -137,13 +154,13 @@ KEYS = {k.name: k for k in (
     Key("forbid-binds", "globs", [], None, site_only=True, merge=True,
         doc="host paths no bind may expose (globs; a bind of a directory above one is "
             "refused too)"),
-    Key("allowed-images", "globs", [], None, site_only=True, merge=True,
+    Key("allowed-images", "globs", [], None, site_only=True, merge=True, doors=_IMAGES,
         doc="if set, only registry and store images matching one of these globs run "
             "(HOST/REPO:TAG or HOST/REPO@DIGEST)"),
-    Key("denied-images", "globs", [], None, site_only=True, merge=True,
+    Key("denied-images", "globs", [], None, site_only=True, merge=True, doors=_IMAGES,
         doc="registry and store images that never run (globs as allowed-images)"),
     Key("hooks-dir", "path", "/etc/gpusandbox/hooks.d", None, site_only=True,
-        doors="run, gpusandbox-oci, slurm-oci",
+        doors="run, slurm-oci, spank, gpusandbox-oci",
         doc="the site hooks' directory: root's executables run at the rootfs and exit "
             "points of every launch"),
 )}

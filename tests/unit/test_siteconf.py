@@ -239,6 +239,39 @@ def test_docs_table_is_the_key_table():
     assert rows == list(settings.KEYS)
 
 
+def test_each_keys_doors_are_known_and_the_docs_say_the_same():
+    """The `honoured by` column of docs/config.md is each key's doors, every
+    door one of settings.DOORS, and the page's door table lists them all."""
+    text = (REPO / "docs/config.md").read_text()
+    keys = text.split("\n## Keys\n")[1].split("\n## ")[0]
+    for line in re.findall(r"^\| `[a-z-]+` \|.*$", keys, re.M):
+        name, doors = line.split("|")[1].strip(" `"), line.split("|")[6].strip()
+        assert doors == settings.KEYS[name].doors, name
+    for key in settings.KEYS.values():
+        assert set(key.doors.split(", ")) <= set(settings.DOORS), key.name
+    doors = text.split("\n## What each door honours\n")[1].split("\n## ")[0]
+    assert re.findall(r"^\| `([a-z-]+)` \|", doors, re.M) == list(settings.DOORS)
+
+
+def test_docs_slurm_cluster_example_loads(tmp_path, site):
+    """docs/config.md's example site file for a Slurm GPU cluster is read
+    without a warning or an error, and a `run` request takes its values."""
+    text = (REPO / "docs/config.md").read_text().split("\n## Example: a Slurm GPU cluster\n")[1]
+    example = text.split("```toml\n")[1].split("```")[0]
+    _write(site / "gpusandbox.conf", example)
+    s = _settings(tmp_path, site)
+    values = {name: s.get(name) for name in settings.KEYS}
+    assert s.warnings() == []
+    assert (values["network"], values["mount-home"], values["shm-size"]) == ("host", True, "8g")
+    assert set(s.locks()) == {"network", "seccomp"}
+    assert [m["source"] for m in values["mounts"]][:2] == ["/lustre/scratch/{user}",
+                                                           "/local/jobs/{job}"]
+    spec = RunSpec()
+    siterun.apply(spec, s, dict(IDS))
+    assert (spec.net, spec.shm_size) == ("host", "8g")
+    assert "SCRATCH=/scratch" in spec.env_set
+
+
 def test_doctor_config_section(tmp_path):
     from gpusandbox.doctor.config import check_config
     etc = tmp_path / "etc"
