@@ -1,8 +1,11 @@
-"""Site hooks at both points (rootfs, exit) door by door (docs/config.md,
-"Site hooks"): the OCI runtime driven as conmon drives it (create, start,
-the caller reaps, delete), `slurm-oci run` on a step bundle, and a Slurm
-step on the testbed (scripts/slurm-testbed).  Every command runs in a
-private mount namespace whose /etc carries this test's hooks directory
+"""The site's configuration door by door (docs/config.md, "What each door
+honours"): the site hooks at both points (rootfs, exit) through the OCI
+runtime driven as conmon drives it (create, start, the caller reaps,
+delete), `slurm-oci run` on a step bundle and a Slurm step on the testbed
+(scripts/slurm-testbed); `slurm-oci` honouring `run`'s keys; the driver
+root of the site's TOML file honoured by the engine doors (gpusandbox-oci,
+oci-filter, the gpusandbox-runtime wrapper).  Every command runs in a
+private mount namespace whose /etc carries this test's site files
 (test_siteconf_registry.Etc); the host's /etc is never written.  `run`
 itself and podman are in test_siteconf_registry.py."""
 import json
@@ -65,7 +68,7 @@ def _overlay(etc, argv):
             '&& shift 2 && exec "$@"', "sh", str(etc.upper), str(etc.work)] + argv
 
 
-def _oci(mode, test_user, etc, d, rootfs, args):
+def _oci(mode, test_user, etc, d, rootfs, args, gpu_env=()):
     """create, start, reap, delete of a container (oci_caller.py, a minimal
     conmon) over a copy of `rootfs` (the rootfs hook writes into an OCI
     root itself, as into podman's); (caller's record, the workload's output)."""
@@ -78,13 +81,14 @@ def _oci(mode, test_user, etc, d, rootfs, args):
                        check=True)
     conf = _config(root, args, mode, test_user)
     conf["root"]["readonly"] = False
+    conf["process"]["env"] += list(gpu_env)
     (d / "bundle" / "config.json").write_text(json.dumps(conf))
     out = d / "out"
     with open(out, "w") as f:
         os.chown(out, test_user.pw_uid, test_user.pw_gid)
         r = subprocess.run(_overlay(etc, _as(mode, test_user, [
             "/usr/bin/python3", str(HERE / "oci_caller.py"), OCI, str(d / "state" / "s"),
-            str(d / "bundle"), "site1"])), stdout=subprocess.PIPE, stderr=f, text=True,
+            str(d / "bundle"), "site1"], {"PATH": "/usr/bin:/bin"})), stdout=subprocess.PIPE, stderr=f, text=True,
             timeout=120, cwd="/")
     assert r.stdout, out.read_text()
     return json.loads(r.stdout), out.read_text()
@@ -174,6 +178,95 @@ def test_slurm_oci_failing_site_hook_one_line(runner, etc, home, rootfs, shared_
     assert r.returncode == 125 and r.stdout == "", r.stderr
     assert r.stderr.splitlines()[:-1] == ["broken"], r.stderr
     assert f"site hook {hook} failed: exit status 3" in r.stderr.splitlines()[-1]
+
+
+def test_slurm_oci_honours_the_sites_run_keys(runner, etc, home, rootfs, shared_tmp):
+    """slurm-oci is `run`: the site's env and locks apply, and its
+    forbidden binds refuse RunTimeRun's -v in one line."""
+    etc.write("gpusandbox/gpusandbox.conf", 'forbid-binds = ["/etc/shadow"]\n'
+              'lock = ["seccomp"]\n[env]\nSITE_NAME = "cluster-{uid}"\n')
+    step = shared_tmp / "step"
+    step.mkdir()
+    (step / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.0", "root": {"path": str(rootfs)},
+        "process": {"args": ["sh", "-c", "echo $SITE_NAME"], "cwd": "/",
+                    "env": ["PATH=/usr/bin:/bin"]}}))
+    if runner.mode == "rootless":
+        subprocess.run(["chown", "-R", f"{runner.uid}:{runner.gid}", str(step)], check=True)
+    r = gsbx(runner, etc, home, ["slurm-oci", "run", str(step)])
+    assert (r.returncode, r.stdout) == (0, f"cluster-{runner.uid}\n"), r.stderr
+    r = gsbx(runner, etc, home, ["slurm-oci", "run", "-v", "/etc:/host-etc", str(step)])
+    assert r.returncode == 125 and r.stderr.startswith(
+        "gpusandbox: error: bind of /etc: forbidden by the site: matches '/etc/shadow'"), r.stderr
+    r = gsbx(runner, etc, home, ["slurm-oci", "run", "--seccomp", "unconfined", str(step)])
+    assert r.returncode == 125 and "the site locks seccomp = default" in r.stderr, r.stderr
+
+
+# -- the driver root of the site's file, at the engine doors ----------------------------
+
+def _site_driver_root(etc, sim_host):
+    etc.write("gpusandbox/gpusandbox.conf", f'driver-root = "{sim_host.root}"\n')
+
+
+def _gpu_minors(cfg):
+    return sorted(x["minor"] for x in cfg["linux"]["resources"]["devices"]
+                  if x.get("major") == 195 and x.get("allow") and x.get("minor") != 255)
+
+
+def test_oci_filter_takes_the_driver_root_of_the_site_file(cli, etc, sim_host, shared_tmp):
+    from .oci_fixtures import BASE_ENV
+    cfg = {"ociVersion": "1.0.2", "root": {"path": str(shared_tmp)},
+           "process": {"args": ["true"], "cwd": "/",
+                       "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=1"]},
+           "linux": {}}
+    argv = _overlay(etc, [cli, "oci-filter"])
+    r = subprocess.run(argv, input=json.dumps(cfg), capture_output=True, text=True,
+                       env=BASE_ENV, timeout=60)
+    assert r.returncode == 125, r.stderr          # no driver at "/": no GPU 1 here
+    _site_driver_root(etc, sim_host)
+    r = subprocess.run(argv, input=json.dumps(cfg), capture_output=True, text=True,
+                       env=BASE_ENV, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert _gpu_minors(out) == [1]
+    for post in out.get("hooks", {}).get("poststop", []):   # its directory, removed
+        subprocess.run(post["args"], env=dict(e.split("=", 1) for e in post["env"]),
+                       input=b"{}", capture_output=True)
+
+
+def test_wrapper_takes_the_driver_root_of_the_site_file(cli, etc, sim_host, shared_tmp):
+    """gpusandbox-runtime edits the bundle with the site file's driver
+    root, then execs the runtime (here a stand-in that keeps the config)."""
+    from .conftest import VENV
+    from .oci_fixtures import BASE_ENV
+    bundle = shared_tmp / "bundle"
+    bundle.mkdir()
+    (bundle / "rootfs").mkdir()
+    (bundle / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2", "root": {"path": "rootfs"},
+        "process": {"args": ["true"], "cwd": "/",
+                    "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=2"]}, "linux": {}}))
+    rt = shared_tmp / "runtime"
+    rt.write_text(f"#!/bin/sh\ncp {bundle}/config.json {shared_tmp}/seen.json\n")
+    os.chmod(rt, 0o755)
+    _site_driver_root(etc, sim_host)
+    r = subprocess.run(_overlay(etc, [str(VENV / "bin" / "gpusandbox-runtime"), "create",
+                                      "--bundle", str(bundle), "w1"]),
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(BASE_ENV, GPUSANDBOX_OCI_RUNTIME=str(rt)))
+    assert r.returncode == 0, r.stderr
+    assert _gpu_minors(json.loads((shared_tmp / "seen.json").read_text())) == [2]
+
+
+@pytest.mark.parametrize("mode", ["root", "rootless"])
+def test_oci_runtime_takes_the_driver_root_of_the_site_file(
+        mode, test_user, etc, oci_dir, small_rootfs, sim_host):
+    _site_driver_root(etc, sim_host)
+    res, out = _oci(mode, test_user, etc, oci_dir, small_rootfs,
+                    ["sh", "-c", "ls /dev | grep -c '^nvidia[0-9]'; ls /dev/nvidia2"],
+                    gpu_env=["NVIDIA_VISIBLE_DEVICES=2"])
+    assert res["create"] == [0, ""] and res["exit"] == 0, (res, out)
+    assert out.split() == ["1", "/dev/nvidia2"], out
 
 
 # -- a Slurm step on the testbed -------------------------------------------------------
