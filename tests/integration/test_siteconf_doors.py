@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from .test_oci_runtime import OCI, _as, _config
-from .test_siteconf_registry import Etc, etc, home, gsbx  # noqa: F401
+from .test_siteconf_registry import etc, home, gsbx  # noqa: F401
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
@@ -88,8 +88,8 @@ def _oci(mode, test_user, etc, d, rootfs, args, gpu_env=()):
         os.chown(out, test_user.pw_uid, test_user.pw_gid)
         r = subprocess.run(_overlay(etc, _as(mode, test_user, [
             "/usr/bin/python3", str(HERE / "oci_caller.py"), OCI, str(d / "state" / "s"),
-            str(d / "bundle"), "site1"], {"PATH": "/usr/bin:/bin"})), stdout=subprocess.PIPE, stderr=f, text=True,
-            timeout=120, cwd="/")
+            str(d / "bundle"), "site1"], {"PATH": "/usr/bin:/bin"})),
+            stdout=subprocess.PIPE, stderr=f, text=True, timeout=120, cwd="/")
     assert r.stdout, out.read_text()
     return json.loads(r.stdout), out.read_text()
 

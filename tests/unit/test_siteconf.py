@@ -272,6 +272,27 @@ def test_docs_slurm_cluster_example_loads(tmp_path, site):
     assert "SCRATCH=/scratch" in spec.env_set
 
 
+def test_exit_point_gives_the_status_and_warns_naming_a_failed_hook(tmp_path, site,
+                                                                     monkeypatch):
+    from gpusandbox import sitehooks
+    hooks = tmp_path / "hooks"
+    log = tmp_path / "seen"
+    _write(hooks / "10-log", f"#!/bin/sh\necho \"$1 $GPUSANDBOX_DOOR\" >> {log}; "
+           f"cat >> {log}\n", 0o755)
+    _write(hooks / "20-fails", "#!/bin/sh\nexit 4\n", 0o755)
+    os.chmod(hooks, 0o755)
+    _write(site / "gpusandbox.conf", f'hooks-dir = "{hooks}"\n')
+    monkeypatch.setattr(settings, "current", lambda: _settings(tmp_path, site))
+    monkeypatch.setattr(sitehooks, "_FOUND", [])
+    warned = []
+    doc = {"point": "exit", "door": "slurm-oci", "argv": ["true"], "status": None}
+    sitehooks.exit_point(doc, 3, warned.append)
+    head, body = log.read_text().split("\n", 1)
+    assert head == "exit slurm-oci"
+    assert json.loads(body) == dict(doc, status=3)
+    assert warned == [f"site hook {hooks}/20-fails failed at exit: exit status 4"]
+
+
 def test_doctor_config_section(tmp_path):
     from gpusandbox.doctor.config import check_config
     etc = tmp_path / "etc"
