@@ -4,10 +4,10 @@ runtime driven as conmon drives it (create, start, the caller reaps,
 delete), `slurm-oci run` on a step bundle and a Slurm step on the testbed
 (scripts/slurm-testbed); `slurm-oci` honouring `run`'s keys; the driver
 root of the site's TOML file honoured by the engine doors (gpusandbox-oci,
-oci-filter, the gpusandbox-runtime wrapper).  Every command runs in a
-private mount namespace whose /etc carries this test's site files
-(test_siteconf_registry.Etc); the host's /etc is never written.  `run`
-itself and podman are in test_siteconf_registry.py."""
+oci-filter, the gpusandbox-runtime wrapper, `gpusandbox hook` under runc).
+Every command runs in a private mount namespace whose /etc carries this
+test's site files (test_siteconf_registry.Etc); the host's /etc is never
+written.  `run` itself and podman are in test_siteconf_registry.py."""
 import json
 import os
 import shutil
@@ -256,6 +256,32 @@ def test_wrapper_takes_the_driver_root_of_the_site_file(cli, etc, sim_host, shar
                        env=dict(BASE_ENV, GPUSANDBOX_OCI_RUNTIME=str(rt)))
     assert r.returncode == 0, r.stderr
     assert _gpu_minors(json.loads((shared_tmp / "seen.json").read_text())) == [2]
+
+
+def test_hook_takes_the_driver_root_of_the_site_file(cli, etc, sim_host, shared_tmp):
+    """`gpusandbox hook` installed without --driver-root, run by runc as a
+    createRuntime hook: the driver root is the site file's."""
+    from .oci_fixtures import BASE_ENV, RUNC, SHOW, runc_bundle
+    d = shared_tmp / "hooked"
+    d.mkdir()
+    r = subprocess.run([cli, "hook", "install", "--dir", str(d / "hooks.d"),
+                        "--stage", "createRuntime"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    hook = json.loads((d / "hooks.d" / "gpusandbox-hook.json").read_text())["hook"]
+    runc_bundle(d, ["sh", "-c", SHOW], env=["NVIDIA_VISIBLE_DEVICES=0"],
+                hooks={"createRuntime": [hook]})
+    _site_driver_root(etc, sim_host)
+    state = d / "runc-state"
+    try:
+        r = subprocess.run(_overlay(etc, [RUNC, "--root", str(state), "run", "--bundle", str(d),
+                                          "site-hook"]), capture_output=True, text=True,
+                           timeout=60, env=BASE_ENV, stdin=subprocess.DEVNULL)
+    finally:
+        subprocess.run([RUNC, "--root", str(state), "delete", "-f", "site-hook"],
+                       capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert "open: cat: /dev/nvidia0: Operation not permitted" in r.stdout, r.stdout
+    assert "absent /dev/nvidia1" in r.stdout and "ls: /usr/bin/nvidia-smi\n" in r.stdout
 
 
 @pytest.mark.parametrize("mode", ["root", "rootless"])
