@@ -53,8 +53,8 @@ def fabric(plan, spec, user_rows, host_env):
     from .plandev import driver_roots
     env = caller_env(host_env, user_rows)
     req = select.from_caller(spec.fabric, env, bool(gpus))
-    if not req:
-        return {}
+    if not req and not gpus:
+        return {}       # (with GPUs, `none` still hides the host's HCAs from /sys)
     host = discover.discover(*driver_roots(spec, host_env))
     res = inject.build(req, host, gpus, env)
     plan.edits.extend(res.edits)

@@ -7,11 +7,13 @@ it lists a device only when that node exists), plus /dev/infiniband/rdma_cm
 are never given: they reach the subnet's management, which the reference
 stack keeps from containers too.  Every node is given by number and the
 filter allows exactly these numbers, so an HCA bound in by another path
-stays unusable (EPERM).
+stays unusable (EPERM).  The sandbox's /sys lists the chosen HCAs only
+(sysview.py).
 """
 from gpusandbox.edits import ContainerEdits, DeviceNode
 from gpusandbox.errors import UsageError
 
+from . import sysview
 from .select import choose_hcas
 
 
@@ -55,6 +57,9 @@ def build(req, host, gpus, caller_env):
                             "none (/sys/class/infiniband is empty): NCCL and MPI will use TCP")
     for h, _ in res.hcas:
         res.add(h.uverbs)
+    hide, notes = sysview.view(host, [h for h, _ in res.hcas])
+    res.edits.extend(hide)
+    res.notes += notes
     if res.hcas:
         if host.rdma_cm is not None:
             res.add(host.rdma_cm)

@@ -226,3 +226,63 @@ def test_memlock_is_the_callers(runner, fabric_host, rootfs):
          "sh", "-c", "ulimit -l; ulimit -Hl"])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=runner.env(), cwd="/")
     assert (r.returncode, r.stdout.split()) == (0, ["1024", "2048"]), r.stderr
+
+
+# libibverbs' own device list (what ibv_devices prints), through ctypes.
+IBV_DEVICES = ("import ctypes\n"
+               "lib = ctypes.CDLL('libibverbs.so.1')\n"
+               "lib.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)\n"
+               "lib.ibv_get_device_name.restype = ctypes.c_char_p\n"
+               "lib.ibv_get_device_name.argtypes = [ctypes.c_void_p]\n"
+               "n = ctypes.c_int()\n"
+               "lst = lib.ibv_get_device_list(ctypes.byref(n))\n"
+               "print('ibv=' + ','.join(lib.ibv_get_device_name(lst[i]).decode()\n"
+               "                        for i in range(n.value)))\n")
+SYS_PROBE = ("for c in infiniband infiniband_verbs infiniband_mad; do "
+             "echo $c: $(ls /sys/class/$c); done; "
+             "for h in /sys/class/infiniband/*; do [ -e $h ] && readlink -f $h/device; done; "
+             "echo hidden: $(ls /sys/bus/pci/devices/0000:45:00.0 | wc -l)")
+
+
+def with_host_sys(runner, host, args):
+    """runner's argv in a private mount namespace whose /sys is the simulated
+    host's sysfs tree (its real cgroup hierarchy bound inside), as on a host
+    whose kernel has the HCAs: the sandbox clones the launcher's /sys."""
+    sysd = os.path.join(host["root"], "sys")
+    os.makedirs(os.path.join(sysd, "fs", "cgroup"), exist_ok=True)
+    script = (f"mount --rbind /sys/fs/cgroup {sysd}/fs/cgroup && mount --rbind {sysd} /sys "
+              "&& exec \"$@\"")
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+    return subprocess.run(cmd + runner.argv(args), capture_output=True, text=True, timeout=60,
+                          env=runner.env(), cwd="/")
+
+
+def test_sys_shows_only_the_tasks_hcas(runner, fabric_host, rootfs):
+    """/sys/class/infiniband (and the uverbs/umad classes) list the task's
+    HCAs only, their PCI path is the host's, the other HCAs' PCI directories
+    are empty; with the host's rdma-core, libibverbs lists that one HCA."""
+    root = fabric_host["root"]
+    base = ["--driver-root", root, "--gpus", "device=3"]
+    r = with_host_sys(runner, fabric_host, base + [str(rootfs), "sh", "-c", SYS_PROBE])
+    assert r.returncode == 0, r.stderr
+    pci = ("/sys/devices/pci0000:00/0000:00:04.0/0000:a3:00.0/0000:b3:01.0/0000:43:00.0")
+    assert r.stdout.splitlines() == [
+        "infiniband: mlx5_3", "infiniband_verbs: abi_version uverbs3",
+        "infiniband_mad: abi_version issm3 umad3", pci, "hidden: 0"], r.stdout
+    r = with_host_sys(runner, fabric_host, base + ["--fabric", "none", str(rootfs),
+                                                   "sh", "-c", SYS_PROBE])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["infiniband:", "infiniband_verbs: abi_version",
+                                     "infiniband_mad: abi_version", "hidden: 0"], r.stdout
+    # --fabric all: every HCA, its PCI directory whole (the tree is the host's).
+    r = with_host_sys(runner, fabric_host, base + ["--fabric", "all", str(rootfs),
+                                                   "sh", "-c", SYS_PROBE])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "infiniband: " + " ".join(f"mlx5_{k}" for k in range(8)), r.stdout
+    assert lines[-1] != "hidden: 0", r.stdout
+    if b"libibverbs.so.1" not in subprocess.run(["ldconfig", "-p"], capture_output=True).stdout:
+        pytest.skip("the host has no rdma-core (libibverbs1, ibverbs-providers)")
+    r = with_host_sys(runner, fabric_host, base + ["--fabric-libs", "host", str(rootfs),
+                                                   "python3", "-c", IBV_DEVICES])
+    assert (r.returncode, r.stdout.strip()) == (0, "ibv=mlx5_3"), r.stderr

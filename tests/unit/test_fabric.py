@@ -153,3 +153,36 @@ def test_an_oci_configs_environment_is_the_callers_an_images_is_not(tmp_path):
     plan, spec = _plan_and_spec(None, rows)              # a store image's ENV
     assert planfabric.fabric(plan, spec, [], env) == {}
     assert plan.warnings == [] and not plan.edits
+
+
+def test_sysfs_view_keeps_the_chosen_hcas_only(tmp_path):
+    """The edits that hide the HCAs a task did not get (fabric/sysview.py), on
+    the simulated host's sysfs layout: the class directories covered and the
+    chosen HCA's entries put back with the host's own link targets; the other
+    HCAs' PCI directories covered; nothing when /sys is another tree."""
+    from gpusandbox.fabric import sysview
+    from gpusandbox.sim import fabric as simfab
+    simfab.write_sys(str(tmp_path), 4, simfab.describe(4, 4, "ib", False, 0, 0))
+    host = discover.FabricHost()
+    host.sys_root, host.dev_root, host.problems = str(tmp_path / "sys"), str(tmp_path / "dev"), []
+    host.hcas = discover._hcas(host)
+    chosen = [h for h in host.hcas if h.name == "mlx5_2"]
+    edits, notes = sysview.view(host, chosen, launcher_sys=host.sys_root)
+    pci = {h.name: h.pci_path.split("/sys/", 1)[1] for h in host.hcas}
+    assert [t.path for t in edits.tmpfs] == [
+        "/sys/class/infiniband", "/sys/class/infiniband_verbs", "/sys/class/infiniband_mad"] + [
+        f"/sys/{pci[n]}" for n in ("mlx5_0", "mlx5_1", "mlx5_3")]
+    assert all(t.ro for t in edits.tmpfs)
+    links = {ln.path: ln.target for ln in edits.symlinks}
+    assert links == {
+        "/sys/class/infiniband/mlx5_2": f"../../{pci['mlx5_2']}/infiniband/mlx5_2",
+        "/sys/class/infiniband_verbs/uverbs2": f"../../{pci['mlx5_2']}/infiniband_verbs/uverbs2",
+        "/sys/class/infiniband_mad/umad2": f"../../{pci['mlx5_2']}/infiniband_mad/umad2",
+        "/sys/class/infiniband_mad/issm2": f"../../{pci['mlx5_2']}/infiniband_mad/issm2"}
+    assert [(m.path, m.options) for m in edits.mounts] == [
+        ("/sys/class/infiniband_verbs/abi_version", sysview.RO),
+        ("/sys/class/infiniband_mad/abi_version", sysview.RO)]
+    assert notes == ["fabric: /sys hides the 3 HCA(s) this task did not get"]
+    # The launcher's /sys is not the tree discovery read: nothing to hide there.
+    edits, notes = sysview.view(host, chosen)
+    assert not edits and notes[0].startswith("fabric: /sys left as it is")
