@@ -72,7 +72,8 @@ def make_sim(tb, path):
     if os.path.isdir(os.path.join(path, "dev")):
         return
     r = subprocess.run([sys.executable, "-m", "gpusandbox.sim", "create", path,
-                        "--gpus", str(GPUS_PER_NODE), "--hcas", str(GPUS_PER_NODE)], cwd=REPO,
+                        "--gpus", str(GPUS_PER_NODE), "--hcas", str(GPUS_PER_NODE), "--gpudirect"],
+                       cwd=REPO,
                        env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True, timeout=120)
     if r.returncode:

@@ -2,13 +2,15 @@
 8-GPU/8-HCA node (HCA k under GPU k's PCIe switch), `srun -n 8
 --gpus-per-task=1 gpusandbox run --gpus auto IMAGE` gives every rank its own
 GPU and the HCA beside it, with NCCL and UCX told which, and no fabric
-option at all."""
+option at all; and the issue's own line, `srun -N2 --gpus-per-task=1
+gpusandbox run IMG ...`, on two nodes of the multi-node testbed."""
 import subprocess
 import sys
 
 import pytest
 
 from tests.integration import slurm_fixture as sf
+from tests.integration.test_slurm_multinode import cluster, labelled  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -79,3 +81,41 @@ def test_host_mpi_ranks_under_srun(tb8, mpi_images):
         "rank 0 of 2: MPICH Version:", "rank 1 of 2: MPICH Version:"], r.stdout
     assert "rank 0 received: greetings from rank 1 of 2" in lines, r.stdout
     assert len({ln for ln in lines if ln.startswith("hca==mlx5_")}) == 2, r.stdout
+
+
+# Per rank: its node, its GPU, its fabric nodes (GPUDirect's when asked) and variables.
+RANK_PROBE = ("echo node=$SLURM_NODEID; "
+              "for g in /proc/driver/nvidia/gpus/*; do echo gpu=${g##*/}; done; "
+              "for n in /dev/infiniband/* /dev/gdrdrv /dev/nvidia-fs*; do "
+              "[ -e $n ] && echo $n; done; "
+              "echo NCCL_IB_HCA=$NCCL_IB_HCA; echo UCX_NET_DEVICES=$UCX_NET_DEVICES")
+
+
+def test_done_when_two_nodes_one_gpu_per_task(cluster):
+    """Issue 29's "done when": `srun -N2 --gpus-per-task=1 gpusandbox run IMG
+    CMD`, no option at all (the GPUs are the step's: `--gpus auto` is the
+    default in a step with GPUs), gives each rank on each node its GPU, the
+    HCA beside it, rdma_cm, and NCCL_IB_HCA/UCX_NET_DEVICES naming that HCA;
+    GPUDirect's nodes come when the caller asks with the toolkit's variables.
+    GPUSANDBOX_DRIVER_ROOT (the site setting) points at each node's simulated
+    driver, as / would on a real node."""
+    base = {"GPUSANDBOX_DRIVER_ROOT": cluster.sim_dir}
+    for ask in ({}, {"NVIDIA_GDRCOPY": "enabled", "NVIDIA_GDS": "enabled"}):
+        r = cluster.srun(["-N2", "--gpus-per-task=1", "--label", cluster.cli, "run",
+                          cluster.image, "sh", "-c", RANK_PROBE],
+                         env={**base, **ask}, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        tasks = labelled(r.stdout)
+        assert sorted(tasks) == [0, 1], r.stdout
+        assert len({tasks[t][0] for t in (0, 1)}) == 2, r.stdout        # two nodes
+        for t in (0, 1):
+            lines = tasks[t]
+            assert lines[0].startswith("node="), lines
+            gpus = [ln[4:] for ln in lines if ln.startswith("gpu=")]
+            assert len(gpus) == 1, lines
+            k = int(gpus[0].split(":")[1], 16) - 6     # simulated GPU k is at 0000:(6+k):00.0
+            gpudirect = ["/dev/gdrdrv"] + [f"/dev/nvidia-fs{i}" for i in range(16)]
+            want = ["/dev/infiniband/rdma_cm", f"/dev/infiniband/uverbs{k}"]
+            want += sorted(gpudirect) if ask else []
+            assert lines[2:] == want + [f"NCCL_IB_HCA==mlx5_{k}:1",
+                                        f"UCX_NET_DEVICES=mlx5_{k}:1"], (t, lines)
