@@ -18,7 +18,9 @@ LD_PRELOAD reaching a host-side helper was CVE-2025-23266).
 from .errors import UsageError
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-JOB_PREFIXES = ("SLURM_", "PMI", "PMIX_", "OMPI_", "UCX_", "NCCL_")
+# FI_: libfabric (FI_PROVIDER, FI_CXI_*); SLINGSHOT_: the VNI and CXI services Slurm's
+# switch/hpe_slingshot plugin gives the step, which libfabric's cxi provider reads.
+JOB_PREFIXES = ("SLURM_", "PMI", "PMIX_", "OMPI_", "UCX_", "NCCL_", "FI_", "SLINGSHOT_")
 # Host values that would change how code inside loads; they pass only with -e.
 NEVER_PASS = frozenset(("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH",
                         "PYTHONHOME", "PYTHONSTARTUP", "CUDA_VISIBLE_DEVICES",

@@ -39,9 +39,10 @@ def check_fabric(opts, env):
         res = inject.build(req, host, gpus, env)
     except SandboxError as e:
         return [Check(S, "RDMA adapters", FAIL, e.line(), e.hint or "")]
-    if res.hcas:
+    if res.hcas or res.cxis:
         out.append(Check(S, "RDMA adapters", PASS, f"{which}: " + "; ".join(
-            f"{h.name} ({h.link() or 'link unknown'}): {why}" for h, why in res.hcas)))
+            f"{h.name} ({h.link() or 'link unknown'}): {why}"
+            for h, why in res.hcas + res.cxis)))
     else:
         why = ("this host has none (/sys/class/infiniband is empty)" if not host.hcas else
                f"none given ({which}; {req.source}: "
@@ -79,6 +80,10 @@ def check_fabric(opts, env):
         out.append(Check(S, "transport (NCCL, UCX)", PASS,
                          f"NCCL: IB{'' if ib else ' (RoCE)'} verbs on {nccl}; UCX: "
                          f"{'rc/ud/dc' if ib else 'rc/ud over RoCE'} on {ucx}"))
+    elif res.cxis:
+        fi = env.get("FI_CXI_DEVICE_NAME") or res.edits.env.get("FI_CXI_DEVICE_NAME")
+        out.append(Check(S, "transport (NCCL, UCX)", PASS,
+                         f"libfabric: cxi on {fi} (MPI over OFI; NCCL through its OFI plugin)"))
     else:
         out.append(Check(S, "transport (NCCL, UCX)", FAIL if nodes > 1 else WARN,
                          "NCCL: Socket (TCP); UCX: tcp" + (" between nodes" if nodes > 1 else ""),

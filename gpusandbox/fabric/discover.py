@@ -9,13 +9,16 @@ from the dev root (default <driver root>/dev).  Nothing here opens a node:
 each is stat()ed and kept only when it is a character device with the
 numbers the kernel's files name (WAVE3-FACTS.md section 3).
 
-FabricHost: sys_root, dev_root, proc_root; hcas [Hca] in name order;
+FabricHost: sys_root, dev_root, proc_root; hcas [Hca] in name order; cxis
+    [Cxi] (HPE Slingshot NICs) in number order;
     rdma_cm (Node or None); gdrdrv (Node or None); nvfs [Node]; nvswitch [Node]
     (nvidia-nvswitchctl first); imex {channel number: Node}; peermem (bool:
     nvidia-peermem loaded, GPUDirect RDMA possible); problems [str].
 Hca: name, bus_id, pci_path (realpath of class/infiniband/<name>/device, the
     path NCCL reads), numa (-1 unknown), ports [(number, state, link_layer)],
     uverbs (Node or None), umad [Node], index (position in name order).
+Cxi: name (cxiN), bus_id, pci_path, numa, node (/dev/cxiN: Node or None),
+    link_up (properties/link; None when unknown), index.
 Node: path (in the sandbox), host_path, major, minor.
 """
 import os
@@ -46,9 +49,28 @@ class Hca:
         return f"Hca({self.name} {self.bus_id} numa={self.numa})"
 
 
+class Cxi:
+    """An HPE Slingshot NIC (cxi-driver): /sys/class/cxi_user/cxiN names its
+    node's numbers and leads to its PCI device, as libcxi reads it
+    (cxil_get_device_list opens /dev/cxiN for each cxi_user entry)."""
+    __slots__ = ("name", "bus_id", "pci_path", "numa", "node", "link_up", "index")
+
+    def usable(self):
+        return self.node is not None and self.link_up is not False
+
+    def link(self):
+        return "Slingshot"
+
+    def __repr__(self):
+        return f"Cxi({self.name} {self.bus_id} numa={self.numa})"
+
+
 class FabricHost:
-    __slots__ = ("sys_root", "dev_root", "proc_root", "hcas", "rdma_cm", "gdrdrv", "nvfs",
-                 "nvswitch", "imex", "peermem", "problems", "majors")
+    __slots__ = ("sys_root", "dev_root", "proc_root", "hcas", "cxis", "rdma_cm", "gdrdrv",
+                 "nvfs", "nvswitch", "imex", "peermem", "problems", "majors")
+
+    def __init__(self):
+        self.hcas, self.cxis = [], []
 
     def sys(self, p):
         return self.sys_root.rstrip("/") + "/" + p.lstrip("/")
@@ -56,8 +78,13 @@ class FabricHost:
     def by_name(self):
         return {h.name: h for h in self.hcas}
 
+    def nics(self):
+        """Every network adapter a task may be given: HCAs, then CXI NICs."""
+        return list(self.hcas) + list(self.cxis)
+
     def __bool__(self):
-        return bool(self.hcas or self.gdrdrv or self.nvfs or self.nvswitch or self.imex)
+        return bool(self.hcas or self.cxis or self.gdrdrv or self.nvfs or self.nvswitch
+                    or self.imex)
 
 
 def _read(path):
@@ -148,10 +175,7 @@ def _hcas(host):
         cdir = host.sys(f"class/infiniband/{name}")
         h = Hca()
         h.name, h.index = name, len(out)
-        h.pci_path = os.path.realpath(f"{cdir}/device")
-        h.bus_id = os.path.basename(h.pci_path)
-        numa = _read(f"{h.pci_path}/numa_node")
-        h.numa = int(numa) if numa and numa.lstrip("-").isdigit() else -1
+        _pci(host, h, cdir)
         h.ports = []
         for p in _listdir(f"{cdir}/ports"):
             if p.isdigit():
@@ -172,12 +196,47 @@ def _hcas(host):
     return out
 
 
+def _pci(host, nic, cdir):
+    nic.pci_path = os.path.realpath(f"{cdir}/device")
+    nic.bus_id = os.path.basename(nic.pci_path)
+    numa = _read(f"{nic.pci_path}/numa_node")
+    nic.numa = int(numa) if numa and numa.lstrip("-").isdigit() else -1
+
+
+def _cxis(host):
+    """Slingshot NICs from /sys/class/cxi_user (the class whose devices are
+    the /dev/cxiN nodes, on the `ucxi` major of /proc/devices)."""
+    out = []
+    names = [n for n in _listdir(host.sys("class/cxi_user"))
+             if n.startswith("cxi") and n[3:].isdigit()]
+    for name in sorted(names, key=lambda n: int(n[3:])):
+        cdir = host.sys(f"class/cxi_user/{name}")
+        c = Cxi()
+        c.name, c.index = name, len(out)
+        _pci(host, c, cdir)
+        link = _read(f"{c.pci_path}/properties/link")
+        c.link_up = None if link is None else link == "1"
+        num = _devnum(_read(f"{cdir}/dev"))
+        major = host.majors.get("ucxi")
+        c.node = None
+        if num is None or major is None or num[0] != major:
+            host.problems.append(f"{name}: /sys/class/cxi_user/{name}/dev does not name a "
+                                 "device of the ucxi major (cxi_user not loaded?)")
+        else:
+            c.node = _node(host, name, *num)
+            if c.node is None:
+                host.problems.append(f"{name}: no /dev/{name} node")
+        out.append(c)
+    return out
+
+
 def discover(driver_root="/", dev_root=None):
     host = FabricHost()
     host.proc_root, host.sys_root, host.dev_root = roots(driver_root, dev_root)
     host.problems = []
     host.majors = m = majors(host.proc_root)
     host.hcas = _hcas(host)
+    host.cxis = _cxis(host)
     cm = _devnum(_read(host.sys("class/misc/rdma_cm/dev")))
     host.rdma_cm = _node(host, "infiniband/rdma_cm", *(cm or (None, None)))
     host.gdrdrv = _node(host, "gdrdrv", m["gdrdrv"], 0) if "gdrdrv" in m else None

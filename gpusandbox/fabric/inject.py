@@ -9,23 +9,28 @@ stack keeps from containers too.  Every node is given by number and the
 filter allows exactly these numbers, so an HCA bound in by another path
 stays unusable (EPERM).  The sandbox's /sys lists the chosen HCAs only
 (sysview.py).
+
+HPE Slingshot NICs (CXI) the same way: /dev/cxiN for each chosen one (what
+libcxi opens), FI_PROVIDER=cxi and FI_CXI_DEVICE_NAME (libfabric's cxi
+provider restricted to them) unless the caller set them.
 """
 from gpusandbox.edits import ContainerEdits, DeviceNode
 from gpusandbox.errors import UsageError
 
 from . import sysview
-from .select import choose_hcas
+from .select import choose_cxis, choose_hcas
 
 
 class Result:
     """edits (ContainerEdits), rules [(type, major, minor, access)],
-    hcas [(Hca, why)], warnings [str], notes [str]."""
-    __slots__ = ("edits", "rules", "hcas", "warnings", "notes")
+    hcas [(Hca, why)], cxis [(Cxi, why)], warnings [str], notes [str]."""
+    __slots__ = ("edits", "rules", "hcas", "cxis", "warnings", "notes")
 
     def __init__(self):
         self.edits = ContainerEdits()
         self.rules = []
         self.hcas = []
+        self.cxis = []
         self.warnings = []
         self.notes = []
 
@@ -52,12 +57,22 @@ def build(req, host, gpus, caller_env):
     lacks (an HCA, an IMEX channel)."""
     res = Result()
     res.hcas = choose_hcas(req, host, gpus)
-    if req.hcas not in ("auto", "none") and not host.hcas:
+    res.cxis = choose_cxis(req, host, gpus)
+    if req.hcas not in ("auto", "none") and not host.hcas and not host.cxis:
         res.warnings.append(f"warning: {req.source} asks for RDMA adapters, but this host has "
                             "none (/sys/class/infiniband is empty): NCCL and MPI will use TCP")
     for h, _ in res.hcas:
         res.add(h.uverbs)
-    hide, notes = sysview.view(host, [h for h, _ in res.hcas])
+    for c, _ in res.cxis:
+        res.add(c.node)
+    if res.cxis:
+        names = ",".join(c.name for c, _ in res.cxis)
+        for var, value in (("FI_PROVIDER", "cxi"), ("FI_CXI_DEVICE_NAME", names)):
+            if var not in caller_env:
+                res.edits.env[var] = value
+        res.notes += [f"fabric: {c.name} ({c.bus_id}, Slingshot CXI): {why}"
+                      for c, why in res.cxis]
+    hide, notes = sysview.view(host, [h for h, _ in res.hcas] + [c for c, _ in res.cxis])
     res.edits.extend(hide)
     res.notes += notes
     if res.hcas:

@@ -14,6 +14,11 @@ host has).
 the task's GPUs, the HCAs with an ACTIVE port at the smallest PCI distance:
 under the same PCIe switch, else the same host bridge (root complex), else
 the same NUMA node, else every HCA.  The task gets the union, in name order.
+
+HPE Slingshot NICs (CXI) are chosen by the same rule, apart from the HCAs:
+--fabric's mode or names apply to both kinds; MELLANOX_VISIBLE_DEVICES and
+NVIDIA_MOFED speak of Mellanox HCAs only, so with them the CXI NICs follow
+the default (`auto` with GPUs, else none).
 """
 from gpusandbox.errors import UsageError
 
@@ -28,10 +33,11 @@ class FabricRequest:
     """hcas: "auto" | "all" | "none" | [names or indices]; source: where that
     came from (for messages); gdrcopy, gds, nvswitch: bools; imex: None, "all"
     or [channel numbers]."""
-    __slots__ = ("hcas", "source", "gdrcopy", "gds", "nvswitch", "imex")
+    __slots__ = ("hcas", "cxi", "source", "gdrcopy", "gds", "nvswitch", "imex")
 
     def __bool__(self):
-        return self.hcas != "none" or self.gdrcopy or self.gds or self.nvswitch or bool(self.imex)
+        return self.hcas != "none" or self.cxi != "none" or self.gdrcopy or self.gds or \
+            self.nvswitch or bool(self.imex)
 
 
 def _list(value):
@@ -62,6 +68,8 @@ def from_caller(option, caller_env, have_gpus):
             raise UsageError(f"invalid {req.source} {value!r}",
                              "expected auto, all, none or HCA names (mlx5_0,mlx5_3)",
                              "example: --fabric mlx5_0")
+    req.cxi = req.hcas if req.source in ("--fabric", "default") else \
+        ("auto" if have_gpus else "none")
     req.gdrcopy = caller_env.get("NVIDIA_GDRCOPY") == "enabled"
     req.gds = caller_env.get("NVIDIA_GDS") == "enabled"
     req.nvswitch = caller_env.get("NVIDIA_NVSWITCH") == "enabled"
@@ -105,13 +113,20 @@ def distance(gpu_path, gnuma, hca):
     return 3
 
 
-def nearest(host, gpus):
-    """[(hca, why)] for the task's GPUs (gpu.discover.Gpu list) by `auto`."""
-    usable = [h for h in host.hcas if h.uverbs is not None and h.active_ports()]
+def _usable(nic):
+    if hasattr(nic, "usable"):
+        return nic.usable()
+    return nic.uverbs is not None and bool(nic.active_ports())
+
+
+def nearest(host, gpus, nics=None, kind="HCA"):
+    """[(nic, why)] for the task's GPUs (gpu.discover.Gpu list) by `auto`,
+    among `nics` (default: the host's HCAs)."""
+    usable = [h for h in (host.hcas if nics is None else nics) if _usable(h)]
     if not usable:
         return []
     if not gpus:
-        return [(h, "no GPU to be near: every HCA") for h in usable]
+        return [(h, f"no GPU to be near: every {kind}") for h in usable]
     chosen = {}
     for g in gpus:
         path = gpu_pci_path(host.sys_root, g.bus_id)
@@ -121,7 +136,7 @@ def nearest(host, gpus):
         for h in usable:
             if dist[h.name] == best and h.name not in chosen:
                 chosen[h.name] = f"{LEVELS[best]} as GPU {g.index} ({g.bus_id})" if best < 3 \
-                    else f"no HCA near GPU {g.index}: every HCA"
+                    else f"no {kind} near GPU {g.index}: every {kind}"
     return [(h, chosen[h.name]) for h in usable if h.name in chosen]
 
 
@@ -135,14 +150,17 @@ def choose_hcas(req, host, gpus):
     if req.hcas == "all":
         return [(h, f"{req.source}: all") for h in host.hcas if h.uverbs is not None]
     names = host.by_name()
+    cxis = {c.name for c in host.cxis}
     out = []
     for item in req.hcas:
         if req.source == "MELLANOX_VISIBLE_DEVICES" and item.isdigit():
             h = host.hcas[int(item)] if int(item) < len(host.hcas) else None
+        elif item in cxis:
+            continue            # a Slingshot NIC: choose_cxis
         else:
             h = names.get(item)
         if h is None:
-            have = ", ".join(names) or "none"
+            have = ", ".join(list(names) + sorted(cxis, key=lambda n: int(n[3:]))) or "none"
             raise UsageError(f"{req.source}: unknown HCA {item!r}", f"this host has {have}",
                              "name one of them, or pass --fabric auto|all|none")
         if h.uverbs is None:
@@ -150,4 +168,23 @@ def choose_hcas(req, host, gpus):
                              "node on this host", "load ib_uverbs (modprobe ib_uverbs)")
         if all(h is not o for o, _ in out):
             out.append((h, f"{req.source}"))
+    return out
+
+
+def choose_cxis(req, host, gpus):
+    """[(cxi, why)]: the Slingshot NICs the request gives (names the host
+    lacks are refused by choose_hcas, which sees every name first)."""
+    if req.cxi == "none" or not host.cxis:
+        return []
+    if req.cxi == "auto":
+        return nearest(host, gpus, host.cxis, "CXI NIC")
+    if req.cxi == "all":
+        return [(c, f"{req.source}: all") for c in host.cxis if c.node is not None]
+    out = []
+    for c in host.cxis:
+        if c.name in req.cxi:
+            if c.node is None:
+                raise UsageError(f"{req.source}: CXI NIC {c.name}", f"it has no /dev/{c.name} "
+                                 "node on this host", "load cxi_user (modprobe cxi-user)")
+            out.append((c, req.source))
     return out

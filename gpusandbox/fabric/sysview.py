@@ -1,4 +1,5 @@
-"""The sandbox's /sys shows the task's HCAs only, as its /proc/driver/nvidia
+"""The sandbox's /sys shows the task's HCAs (and Slingshot CXI NICs) only,
+as its /proc/driver/nvidia
 shows its GPUs only (gpu/inject.py): the same edits, a read-only tmpfs over
 the directory that lists every device, and the task's own entries put back
 on it.
@@ -9,6 +10,7 @@ on it.
   device), the PCI path NCCL reads, is the host's; the plain files there
   (abi_version, which libibverbs checks first) are bound read-only.
   uverbs/umad/issm entries belong to the HCA their `ibdev` file names.
+  /sys/class/cxi and cxi_user (whose cxiN entries libcxi enumerates) alike.
 - The PCI device directory of every HCA the task did not get: covered by an
   empty read-only tmpfs (what runc's masked paths and the init's covering of
   /sys's submounts use), so its infiniband/, infiniband_verbs/ and net/
@@ -22,14 +24,14 @@ import os
 
 from gpusandbox.edits import ContainerEdits, Mount, Symlink, Tmpfs
 
-CLASSES = ("infiniband", "infiniband_verbs", "infiniband_mad")
+CLASSES = ("infiniband", "infiniband_verbs", "infiniband_mad", "cxi", "cxi_user")
 SYS = "/sys"
 RO = ("ro", "nosuid", "nodev", "noexec")
 
 
 def _owner(host, cls, name, path):
     """The HCA a class entry belongs to (its own name, or its ibdev file)."""
-    if cls == "infiniband":
+    if cls in ("infiniband", "cxi", "cxi_user"):
         return name
     try:
         with open(os.path.join(path, "ibdev"), "rb") as f:
@@ -47,13 +49,14 @@ def is_sandbox_sys(sys_root, launcher_sys=SYS):
 
 
 def view(host, chosen, launcher_sys=SYS):
-    """(ContainerEdits, notes) hiding from /sys every HCA of `host` not in
-    `chosen` (Hca list); empty edits when the host has no HCA."""
+    """(ContainerEdits, notes) hiding from /sys every HCA and CXI NIC of
+    `host` not in `chosen` (Hca/Cxi list); empty edits when it has none."""
     edits, notes = ContainerEdits(), []
-    if not host.hcas:
+    nics = host.nics()
+    if not nics:
         return edits, notes
     if not is_sandbox_sys(host.sys_root, launcher_sys):
-        notes.append(f"fabric: /sys left as it is: the HCAs were read from {host.sys_root}, "
+        notes.append(f"fabric: /sys left as it is: the adapters were read from {host.sys_root}, "
                      "which is not this host's /sys (a simulated host)")
         return edits, notes
     keep = {h.name for h in chosen}
@@ -75,7 +78,7 @@ def view(host, chosen, launcher_sys=SYS):
     base = os.path.realpath(host.sys_root)
     kept = [h.pci_path for h in chosen]
     covered = set()
-    for h in host.hcas:
+    for h in nics:
         if h.name in keep or h.pci_path in covered:
             continue
         rel = os.path.relpath(h.pci_path, base)
@@ -85,5 +88,5 @@ def view(host, chosen, launcher_sys=SYS):
         covered.add(h.pci_path)
         edits.tmpfs.append(Tmpfs(f"{SYS}/{rel}"))
     if covered:
-        notes.append(f"fabric: /sys hides the {len(covered)} HCA(s) this task did not get")
+        notes.append(f"fabric: /sys hides the {len(covered)} adapter(s) this task did not get")
     return edits, notes

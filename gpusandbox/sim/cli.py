@@ -32,6 +32,8 @@ def parser():
                    help="version of the user-space libraries (default: the driver's)")
     c.add_argument("--hcas", type=int, default=0, metavar="N",
                    help="RDMA adapters mlx5_0..N-1, HCA k under GPU k's PCIe switch (default 0)")
+    c.add_argument("--cxis", type=int, default=0, metavar="N",
+                   help="HPE Slingshot NICs cxi0..N-1 (/dev/cxiN), NIC k under GPU k's PCIe switch")
     c.add_argument("--link", choices=("ib", "roce"), default="ib",
                    help="the HCAs' link layer: InfiniBand or Ethernet/RoCE (default ib)")
     c.add_argument("--gpudirect", action="store_true",
@@ -62,6 +64,10 @@ def describe(info):
         lines.append(f"  HCA {h['name']}  /dev/infiniband/uverbs{h['uverbs']}  {h['bus_id']}  "
                      f"{h['link_layer']}  NUMA {h['numa']}"
                      + (f"  beside GPU {h['gpu']}" if h["gpu"] is not None else ""))
+    for c in info.get("fabric", {}).get("cxis", ()):
+        lines.append(f"  CXI {c['name']}  /dev/{c['name']}  {c['bus_id']}  Slingshot  "
+                     f"NUMA {c['numa']}" + (f"  beside GPU {c['gpu']}" if c["gpu"] is not None
+                                            else ""))
     lines.append(f"driver root: {info['root']}  dev root: {info['dev_root']}")
     roots = ["--driver-root", info["root"]]
     if info["dev_root"] != info["root"].rstrip("/") + "/dev":
@@ -84,7 +90,7 @@ def main(argv=None):
                   cuda_version=args.cuda_version, mig=args.mig,
                   model=args.model or (GEFORCE_MODEL if args.brand == "geforce" else DEFAULT_MODEL),
                   uvm=not args.no_uvm, pad_ldcache=args.pad_ldcache, lib_version=args.lib_version,
-                  hcas=args.hcas, link=args.link, gpudirect=args.gpudirect,
+                  hcas=args.hcas, cxis=args.cxis, link=args.link, gpudirect=args.gpudirect,
                   nvswitches=args.nvswitches, imex_channels=args.imex_channels)
     if args.json:
         print(json.dumps(info, indent=1))

@@ -1,6 +1,9 @@
 """The network half of the simulated host: PCI topology in DIR/sys, RDMA
 adapters (HCAs) with their sysfs class trees and /dev/infiniband nodes, and
-the GPUDirect, NVSwitch and IMEX nodes (WAVE3-FACTS.md section 3).
+the GPUDirect, NVSwitch and IMEX nodes (WAVE3-FACTS.md section 3); and HPE
+Slingshot NICs (CXI, cxi-driver's cxi_core/cxi_user: /sys/class/cxi and
+/sys/class/cxi_user/cxiN, /dev/cxiN on the dynamic `ucxi` major, the
+PCI device's properties/ that libcxi reads).
 
 The layout is the kernel's (Documentation/ABI/stable/sysfs-class-infiniband,
 sysfs-bus-pci): every PCI device is a directory under
@@ -28,9 +31,11 @@ GDRDRV_MAJOR = 507
 NVFS_MAJOR = 506
 NVSWITCH_MAJOR = 505
 IMEX_MAJOR = 504
+UCXI_MAJOR = 503        # cxi_user's alloc_chrdev_region(..., "ucxi")
 NVFS_NODES = 16         # /dev/nvidia-fs0..15
 NVSWITCH_CTL_MINOR = 255
 MELLANOX = "0x15b3"
+HPE, CASSINI_2 = "0x1590", "0x0371"     # cxi-driver cass_core.h
 LINKS = ("ib", "roce")
 
 
@@ -46,6 +51,10 @@ def hca_name(k):
     return f"mlx5_{k}"
 
 
+def cxi_bdf(k):
+    return f"0000:{0x60 + k:02x}:00.0"
+
+
 def _numa(k, n, nodes):
     return k * nodes // max(n, 1)
 
@@ -58,9 +67,11 @@ def _slot_path(k, n, nodes):
     return f"pci0000:{rc}/0000:{rc}:{1 + k:02x}.0/0000:{0xa0 + k:02x}:00.0"
 
 
-def check(hcas, link, nvswitches, imex_channels):
+def check(hcas, link, nvswitches, imex_channels, cxis=0):
     if not 0 <= hcas <= 32:
         raise UsageError(f"bad --hcas {hcas}", "expected 0 to 32 (the uverbs minors 192-223)")
+    if not 0 <= cxis <= 16:
+        raise UsageError(f"bad --cxis {cxis}", "expected 0 to 16")
     if link not in LINKS:
         raise UsageError(f"bad --link {link!r}", "expected ib or roce")
     if not 0 <= nvswitches <= 64:
@@ -70,9 +81,9 @@ def check(hcas, link, nvswitches, imex_channels):
                          "expected 0 to 2048 (NVreg_ImexChannelCount's default)")
 
 
-def describe(gpus, hcas, link, gpudirect, nvswitches, imex_channels):
+def describe(gpus, hcas, link, gpudirect, nvswitches, imex_channels, cxis=0):
     """The fabric part of the sim's JSON description."""
-    n = max(gpus, hcas)
+    n = max(gpus, hcas, cxis)
     nodes = 2 if n >= 2 else 1
     return {
         "numa_nodes": nodes, "link": link, "gpudirect": gpudirect,
@@ -83,7 +94,11 @@ def describe(gpus, hcas, link, gpudirect, nvswitches, imex_channels):
                   "umad_dev": [IB_MAJOR, k], "gpu": k if k < gpus else None,
                   "link_layer": "InfiniBand" if link == "ib" else "Ethernet"}
                  for k in range(hcas)],
+        "cxis": [{"name": f"cxi{k}", "bus_id": cxi_bdf(k), "numa": _numa(k, n, nodes),
+                  "dev": [UCXI_MAJOR, k], "gpu": k if k < gpus else None}
+                 for k in range(cxis)],
         "majors": {"infiniband_verbs": IB_MAJOR, "infiniband_mad": IB_MAJOR,
+                   **({"ucxi": UCXI_MAJOR} if cxis else {}),
                    **({"gdrdrv": GDRDRV_MAJOR, "nvidia-fs": NVFS_MAJOR} if gpudirect else {}),
                    **({"nvidia-nvswitch": NVSWITCH_MAJOR} if nvswitches else {}),
                    **({"nvidia-caps-imex-channels": IMEX_MAJOR} if imex_channels else {})},
@@ -116,7 +131,7 @@ def write_sys(root, gpus, fab):
     InfiniBand class trees."""
     sysd = os.path.join(root, "sys")
     hcas = fab["hcas"]
-    n = max(gpus, len(hcas))
+    n = max(gpus, len(hcas), len(fab.get("cxis", ())))
     nodes = fab["numa_nodes"]
     for node in range(nodes):
         write(f"{sysd}/devices/system/node/node{node}/cpulist", f"{node * 8}-{node * 8 + 7}\n", 0o444)
@@ -124,6 +139,7 @@ def write_sys(root, gpus, fab):
         sw = _slot_path(i, n, nodes)
         _pci_dev(sysd, f"{sw}/0000:{0xb0 + i:02x}:00.0", gpu_bdf(i), "0x030200",
                  _numa(i, n, nodes), "0x10de", "0x2330")
+    _write_cxis(sysd, fab.get("cxis", ()), n, nodes)
     if not hcas:
         return
     write(f"{sysd}/class/infiniband_verbs/abi_version", "6\n", 0o444)
@@ -168,6 +184,27 @@ def write_sys(root, gpus, fab):
         write(f"{sysd}/module/nvidia_peermem/initstate", "live\n", 0o444)
 
 
+def _write_cxis(sysd, cxis, n, nodes):
+    """Slingshot NICs: the PCI device (with the properties/ libcxi reads),
+    its cxi (core) and cxi_user (the node's) class devices, the hsn netdev."""
+    for c in cxis:
+        k = c["dev"][1]
+        sw = _slot_path(k, n, nodes)
+        parent = f"{sw}/0000:{0xb0 + k:02x}:02.0"
+        pci = _pci_dev(sysd, parent, c["bus_id"], "0x020000", c["numa"], HPE, CASSINI_2)
+        for name, val in (("nid", f"0x{k + 1:x}"), ("link", "1"), ("cassini_version", "2.0"),
+                          ("speed", "200000"), ("hpc_mtu", "2048")):
+            write(f"{pci}/properties/{name}", val + "\n", 0o444)
+        write(f"{pci}/net/hsn{k}/address", f"02:00:00:00:00:{k + 1:02x}\n", 0o444)
+        for cls in ("cxi", "cxi_user"):
+            d = f"{pci}/{cls}/{c['name']}"
+            if cls == "cxi_user":
+                write(f"{d}/dev", f"{c['dev'][0]}:{k}\n", 0o444)
+            symlink("../..", f"{d}/device")
+            symlink(f"../../devices/{parent}/{c['bus_id']}/{cls}/{c['name']}",
+                    f"{sysd}/class/{cls}/{c['name']}")
+
+
 def write_dev(root, fab, node):
     """dev/: the HCAs' uverbs, umad and issm nodes with the kernel's modes
     (uverbs and rdma_cm 0666 by udev's rdma-core rules, umad/issm root-only),
@@ -180,6 +217,8 @@ def write_dev(root, fab, node):
         node(f"{dev}/infiniband/issm{k}", IB_MAJOR, ISSM_BASE + k, 0o600)
     if fab["rdma_cm"]:
         node(f"{dev}/infiniband/rdma_cm", MISC_MAJOR, RDMA_CM_MINOR, 0o666)
+    for c in fab.get("cxis", ()):
+        node(f"{dev}/{c['name']}", *c["dev"], 0o666)       # cxi_user's devnode: 0666
     if fab["gpudirect"]:
         node(f"{dev}/gdrdrv", GDRDRV_MAJOR, 0, 0o666)
         for i in range(NVFS_NODES):

@@ -46,7 +46,7 @@ def _check_target(root):
 
 def create(root, gpus=4, driver_version="550.54.15", cuda_version="12.4", model=DEFAULT_MODEL,
            mig=None, uvm=True, pad_ldcache=0, lib_version=None, hcas=0, link="ib",
-           gpudirect=False, nvswitches=0, imex_channels=0):
+           gpudirect=False, nvswitches=0, imex_channels=0, cxis=0):
     """Write a simulated host into `root`; return a JSON-able description of it."""
     root = os.path.abspath(root)
     lib_version = lib_version or driver_version
@@ -60,7 +60,7 @@ def create(root, gpus=4, driver_version="550.54.15", cuda_version="12.4", model=
     if not 0 <= pad_ldcache <= 100000:
         raise UsageError(f"bad --pad-ldcache {pad_ldcache}", "expected 0 to 100000")
     instances, profiles = parse_mig(mig, gpus, model)
-    fabric.check(hcas, link, nvswitches, imex_channels)
+    fabric.check(hcas, link, nvswitches, imex_channels, cxis)
     created = _check_target(root)
     info = {"root": root, "dev_root": os.path.join(root, "dev"), "driver_version": driver_version,
             "lib_version": lib_version, "cuda_version": cuda_version,
@@ -69,7 +69,7 @@ def create(root, gpus=4, driver_version="550.54.15", cuda_version="12.4", model=
                        "nvidia-caps": CAPS_MAJOR},
             "libdir": os.path.join(root, LIBDIR), "created_dir": created, "gpus": [],
             "fabric": fabric.describe(gpus, hcas, link, gpudirect, nvswitches,
-                                      imex_channels)}
+                                      imex_channels, cxis)}
     write(os.path.join(root, MARKER), json.dumps({"created_dir": created}))
     try:
         for i in range(gpus):

@@ -286,3 +286,72 @@ def test_sys_shows_only_the_tasks_hcas(runner, fabric_host, rootfs):
     r = with_host_sys(runner, fabric_host, base + ["--fabric-libs", "host", str(rootfs),
                                                    "python3", "-c", IBV_DEVICES])
     assert (r.returncode, r.stdout.strip()) == (0, "ibv=mlx5_3"), r.stderr
+
+
+@pytest.fixture(scope="module")
+def cxi_host(cli):
+    """A simulated HPE Slingshot node: 4 GPUs, CXI NIC k under GPU k's switch."""
+    base = tempfile.mkdtemp(prefix="gsbx-test-cxi-", dir="/tmp")
+    os.chmod(base, 0o755)
+    root = os.path.join(base, "host")
+    try:
+        r = subprocess.run([cli, "sim", "create", root, "--gpus", "4", "--cxis", "4"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        yield {"root": root}
+    finally:
+        subprocess.run([cli, "sim", "destroy", root], capture_output=True)
+        subprocess.run(["rm", "-rf", base])
+
+
+CXI_PROBE = ("for n in /dev/cxi*; do [ -e $n ] && echo $n; done; "
+             "echo FI=${FI_PROVIDER-unset}/${FI_CXI_DEVICE_NAME-unset}; "
+             "echo cxi: $(ls /sys/class/cxi); echo cxi_user: $(ls /sys/class/cxi_user); "
+             "for c in /sys/class/cxi_user/*; do [ -e $c ] && readlink -f $c/device; done; "
+             "python3 -c \"import errno, os, sys\n"
+             "for p in sys.argv[1:]:\n"
+             "    try: os.open(p, os.O_RDWR)\n"
+             "    except OSError as e: print(p, errno.errorcode[e.errno])\" "
+             "/dev/cxi0 /dev/cxi2")
+
+
+def test_slingshot_cxi_nics_like_hcas(runner, cxi_host, rootfs):
+    """A Slingshot NIC is chosen, given and shown like an HCA: GPU 2's task
+    gets /dev/cxi2 (past the filter: ENXIO, no driver behind it), libfabric
+    told FI_PROVIDER=cxi and FI_CXI_DEVICE_NAME=cxi2, and its /sys lists cxi2
+    only; --fabric names and none apply; the caller's FI_PROVIDER wins, and
+    the step's SLINGSHOT_* variables reach the command."""
+    base = ["--driver-root", cxi_host["root"], "--gpus", "device=2"]
+    r = with_host_sys(runner, cxi_host, base + [str(rootfs), "sh", "-c", CXI_PROBE])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "/dev/cxi2", "FI=cxi/cxi2", "cxi: cxi2", "cxi_user: cxi2",
+        "/sys/devices/pci0000:80/0000:80:03.0/0000:a2:00.0/0000:b2:02.0/0000:62:00.0",
+        "/dev/cxi0 ENOENT", "/dev/cxi2 ENXIO"], r.stdout
+    r = with_host_sys(runner, cxi_host, base + ["--fabric", "cxi3,cxi0", str(rootfs),
+                                                "sh", "-c", CXI_PROBE])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:4] == ["/dev/cxi0", "/dev/cxi3", "FI=cxi/cxi0,cxi3",
+                                         "cxi: cxi0 cxi3"], r.stdout
+    r = with_host_sys(runner, cxi_host, base + ["--fabric", "none", str(rootfs),
+                                                "sh", "-c", CXI_PROBE])
+    assert r.stdout.splitlines()[:3] == ["FI=unset/unset", "cxi:", "cxi_user:"], r.stdout
+    # The job's libfabric settings and Slurm's Slingshot VNI (switch/hpe_slingshot) pass.
+    r = runner.run(base + [str(rootfs), "sh", "-c",
+                           "echo $FI_PROVIDER/$FI_CXI_DEVICE_NAME/$SLINGSHOT_VNIS"],
+                   env={"FI_PROVIDER": "tcp", "SLINGSHOT_VNIS": "1310"})
+    assert (r.returncode, r.stdout.strip()) == (0, "tcp/cxi2/1310"), r.stderr
+    r = runner.run(["info", "--driver-root", cxi_host["root"]])
+    assert "cxi cxi1: Slingshot  bus 0000:61:00.0  numa 0  link up  beside gpu 1" \
+        in r.stdout.splitlines(), r.stdout
+
+
+def test_doctor_mpi_on_a_slingshot_node(runner, cxi_host):
+    """A 2-node job on a node with Slingshot NICs only: an RDMA path, not TCP."""
+    env = {"NVIDIA_VISIBLE_DEVICES": "2", "SLURM_NNODES": "2"}
+    r = runner.run(["doctor", "--mpi", "--driver-root", cxi_host["root"]], env=env)
+    lines = [" ".join(ln.split()) for ln in r.stdout.splitlines()]
+    assert "PASS RDMA adapters GPU(s) 2: cxi2 (Slingshot): the same PCIe switch as GPU 2 " \
+           "(0000:08:00.0)" in lines, r.stdout
+    assert "PASS transport (NCCL, UCX) libfabric: cxi on cxi2 (MPI over OFI; NCCL through its " \
+           "OFI plugin)" in lines, r.stdout

@@ -182,7 +182,49 @@ def test_sysfs_view_keeps_the_chosen_hcas_only(tmp_path):
     assert [(m.path, m.options) for m in edits.mounts] == [
         ("/sys/class/infiniband_verbs/abi_version", sysview.RO),
         ("/sys/class/infiniband_mad/abi_version", sysview.RO)]
-    assert notes == ["fabric: /sys hides the 3 HCA(s) this task did not get"]
+    assert notes == ["fabric: /sys hides the 3 adapter(s) this task did not get"]
     # The launcher's /sys is not the tree discovery read: nothing to hide there.
     edits, notes = sysview.view(host, chosen)
     assert not edits and notes[0].startswith("fabric: /sys left as it is")
+
+
+def test_cxi_nics_chosen_like_hcas(tmp_path):
+    """Slingshot NICs (sim --cxis): discovered from /sys/class/cxi_user with
+    their ucxi numbers, chosen by PCI distance, told to libfabric; the
+    Mellanox variables leave them to the default; /sys keeps the chosen one."""
+    from gpusandbox.fabric import sysview
+    from gpusandbox.sim import fabric as simfab
+    fab = simfab.describe(4, 0, "ib", False, 0, 0, cxis=4)
+    simfab.write_sys(str(tmp_path), 4, fab)
+    host = discover.FabricHost()
+    host.sys_root, host.dev_root, host.problems = str(tmp_path / "sys"), str(tmp_path / "dev"), []
+    host.majors = {"ucxi": simfab.UCXI_MAJOR}
+    host.rdma_cm, host.gdrdrv, host.nvfs, host.nvswitch, host.imex = None, None, [], [], {}
+    host.cxis = discover._cxis(host)
+    # No mknod without root: no node, one problem each, none usable.
+    assert [c.name for c in host.cxis] == ["cxi0", "cxi1", "cxi2", "cxi3"]
+    assert host.problems == [f"cxi{k}: no /dev/cxi{k} node" for k in range(4)]
+    for c in host.cxis:
+        c.node = discover.Node(f"/dev/{c.name}", "/x", simfab.UCXI_MAJOR, c.index)
+    assert [(c.bus_id, c.numa, c.link_up) for c in host.cxis] == [
+        ("0000:60:00.0", 0, True), ("0000:61:00.0", 0, True), ("0000:62:00.0", 1, True),
+        ("0000:63:00.0", 1, True)]
+    gpu = _Gpu(2, simfab.gpu_bdf(2))
+    res = inject.build(select.from_caller(None, {}, True), host, [gpu], {})
+    assert [(c.name, why) for c, why in res.cxis] == [
+        ("cxi2", "the same PCIe switch as GPU 2 (0000:08:00.0)")]
+    assert res.rules == [("c", simfab.UCXI_MAJOR, 2, "rw")] and res.hcas == []
+    assert res.edits.env == {"FI_PROVIDER": "cxi", "FI_CXI_DEVICE_NAME": "cxi2"}
+    res = inject.build(select.from_caller("cxi3,cxi1", {}, True), host, [gpu],
+                       {"FI_PROVIDER": "cxi;tcp"})
+    assert [c.name for c, _ in res.cxis] == ["cxi1", "cxi3"]
+    assert res.edits.env == {"FI_CXI_DEVICE_NAME": "cxi1,cxi3"}
+    req = select.from_caller(None, {"MELLANOX_VISIBLE_DEVICES": "none"}, True)
+    assert [c.name for c, _ in inject.build(req, host, [gpu], {}).cxis] == ["cxi2"]
+    with pytest.raises(UsageError) as e:
+        inject.build(select.from_caller("cxi9", {}, True), host, [gpu], {})
+    assert e.value.line() == "--fabric: unknown HCA 'cxi9': this host has cxi0, cxi1, cxi2, cxi3"
+    edits, _ = sysview.view(host, [host.cxis[2]], launcher_sys=host.sys_root)
+    assert sorted(ln.path for ln in edits.symlinks) == ["/sys/class/cxi/cxi2",
+                                                        "/sys/class/cxi_user/cxi2"]
+    assert len([t for t in edits.tmpfs if "/devices/" in t.path]) == 3
