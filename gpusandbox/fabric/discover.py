@@ -24,6 +24,10 @@ Node: path (in the sandbox), host_path, major, minor.
 import os
 import stat
 
+from . import NIC_CLASSES
+
+IB_CLASS, CXI_CLASS = NIC_CLASSES
+
 
 class Node:
     __slots__ = ("path", "host_path", "major", "minor")
@@ -171,7 +175,7 @@ def _hcas(host):
         if ibdev and num and name.startswith("umad"):
             mads.setdefault(ibdev, []).append((name, num))
     out = []
-    for name in _listdir(host.sys("class/infiniband")):
+    for name in _listdir(host.sys(IB_CLASS)):
         cdir = host.sys(f"class/infiniband/{name}")
         h = Hca()
         h.name, h.index = name, len(out)
@@ -207,7 +211,7 @@ def _cxis(host):
     """Slingshot NICs from /sys/class/cxi_user (the class whose devices are
     the /dev/cxiN nodes, on the `ucxi` major of /proc/devices)."""
     out = []
-    names = [n for n in _listdir(host.sys("class/cxi_user"))
+    names = [n for n in _listdir(host.sys(CXI_CLASS))
              if n.startswith("cxi") and n[3:].isdigit()]
     for name in sorted(names, key=lambda n: int(n[3:])):
         cdir = host.sys(f"class/cxi_user/{name}")
