@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,7 +43,7 @@
 SPANK_PLUGIN(gpusandbox, 1);
 
 enum opt_id {
-	O_IMAGE, O_MOUNTS, O_WORKDIR, O_ENV, O_UNSHARE, O_NAME, O_MOUNT_HOME,
+	O_IMAGE, O_MOUNTS, O_WORKDIR, O_ENV, O_UNSHARE, O_NAME, O_SAVE, O_MOUNT_HOME,
 	O_REMAP_ROOT, O_ENTRYPOINT, O_ENTRYPOINT_LOG, O_WRITABLE, O_COUNT
 };
 
@@ -50,7 +51,8 @@ enum opt_id {
 static const char *const opt_env[O_COUNT] = {
 	"GPUSANDBOX_SPANK_IMAGE", "GPUSANDBOX_SPANK_MOUNTS",
 	"GPUSANDBOX_SPANK_WORKDIR", "GPUSANDBOX_SPANK_ENV",
-	"GPUSANDBOX_SPANK_UNSHARE", "GPUSANDBOX_SPANK_NAME", "GPUSANDBOX_SPANK_MOUNT_HOME",
+	"GPUSANDBOX_SPANK_UNSHARE", "GPUSANDBOX_SPANK_NAME", "GPUSANDBOX_SPANK_SAVE",
+	"GPUSANDBOX_SPANK_MOUNT_HOME",
 	"GPUSANDBOX_SPANK_REMAP_ROOT", "GPUSANDBOX_SPANK_ENTRYPOINT",
 	"GPUSANDBOX_SPANK_ENTRYPOINT_LOG", "GPUSANDBOX_SPANK_WRITABLE",
 };
@@ -60,6 +62,11 @@ static const char *const opt_env[O_COUNT] = {
 static char *opt_val[O_COUNT];
 /* The image check of user_init: its exit status (0: ready) for task_init. */
 static int prepare_status;
+/* Whether that check ran and passed (--container-save is written only then),
+ * and how many of the node's tasks have ended since (slurmstepd's own count:
+ * task_exit runs in slurmstepd itself, once per task). */
+static int prepared;
+static uint32_t tasks_ended;
 static char *task_prog;
 static int execute_entrypoint;
 
@@ -82,9 +89,13 @@ static struct spank_option options[] = {
 	 V(O_ENV, 0), opt_cb},
 	{"container-unshare", "net,ipc,uts",
 	 "[gpusandbox] namespaces not shared with the node", 1, V(O_UNSHARE, 0), opt_cb},
-	{"container-name", "NAME",
+	{"container-name", "NAME[:FLAG]",
 	 "[gpusandbox] keep the container's writable state under NAME after the step "
-	 "and reuse it (then --container-image may be left out)", 1, V(O_NAME, 0), opt_cb},
+	 "and reuse it (then --container-image may be left out); FLAG: auto (default), "
+	 "create, exec, no_exec", 1, V(O_NAME, 0), opt_cb},
+	{"container-save", "PATH",
+	 "[gpusandbox] write the container's final state to PATH (a squashfs file, "
+	 ".sqsh or .squashfs) once the node's tasks have ended", 1, V(O_SAVE, 0), opt_cb},
 	{"container-mount-home", NULL,
 	 "[gpusandbox] bind mount the user's home directory", 0, V(O_MOUNT_HOME, 1), opt_cb},
 	{"no-container-mount-home", NULL,
@@ -115,6 +126,7 @@ static const char *const mount_flags[] = {
 	"ro", "rw", "rbind", "rslave", "nosuid", "nodev", NULL
 };
 static const char *const unshare_names[] = {"net", "ipc", "uts", NULL};
+static const char *const name_flags[] = {"auto", "create", "exec", "no_exec", NULL};
 
 static int in_list(const char *s, size_t n, const char *const *list)
 {
@@ -198,9 +210,17 @@ static const char *check_unshare(const char *s, size_t n)
 	return in_list(s, n, unshare_names) ? NULL : "unknown namespace (net, ipc, uts)";
 }
 
+static int ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+
+	return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
 static const char *check(int id, const char *arg)
 {
 	size_t n;
+	const char *colon;
 
 	if (!arg || !*arg)
 		return "a value is required";
@@ -216,11 +236,20 @@ static const char *check(int id, const char *arg)
 	case O_UNSHARE:
 		return check_list(arg, check_unshare);
 	case O_NAME:
-		for (n = 0; arg[n]; n++)
+		colon = strchr(arg, ':');
+		if (colon && colon[1] && !in_list(colon + 1, strlen(colon + 1), name_flags))
+			return "FLAG after ':' must be auto, create, exec or no_exec";
+		for (n = 0; arg + n != colon && arg[n]; n++)
 			if (!(isalnum((unsigned char) arg[n]) || strchr("._-", arg[n])))
 				return "letters, digits, '.', '_' and '-' only";
-		return arg[0] == '.' || n > 64 ? "at most 64 characters, not starting with '.'"
-					       : NULL;
+		return n == 0 || arg[0] == '.' || n > 64 ?
+		       "a NAME of at most 64 characters, not starting with '.'" : NULL;
+	case O_SAVE:
+		if (arg[strlen(arg) - 1] == '/')
+			return "the target is a directory";
+		return ends_with(arg, ".sqsh") || ends_with(arg, ".squashfs") ? NULL :
+		       "the file name must end in .sqsh or .squashfs (what "
+		       "--container-image=PATH runs)";
 	case O_IMAGE:
 		if (arg[strlen(arg) - 1] == '/' && arg[0] != '/' && arg[0] != '.')
 			return "an image reference cannot end in '/'";
@@ -293,10 +322,11 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
-/* The child of user_init: the job's user entirely (slurmstepd keeps a real uid
- * of 0 here), the signals, mask and OOM score of an ordinary process, output
- * into the pipe, then the task program in its prepare mode. */
-static void prepare_child(int wfd, char **envp, uid_t uid, gid_t gid)
+/* The child of run_check: the job's user entirely (slurmstepd keeps a real uid
+ * of 0 in user_init, and is root in task_exit: then the job's supplementary
+ * groups are set too), the signals, mask and OOM score of an ordinary process,
+ * output into the pipe, then the task program in one of its check modes. */
+static void check_child(int wfd, char **envp, uid_t uid, gid_t gid, gid_t *gids, int ngids)
 {
 	sigset_t none;
 	int sig, fd;
@@ -316,6 +346,8 @@ static void prepare_child(int wfd, char **envp, uid_t uid, gid_t gid)
 	    dup2(wfd, 1) < 0 || dup2(wfd, 2) < 0)
 		_exit(125);
 	closefrom(3);
+	if (geteuid() == 0 && setgroups(ngids > 0 ? ngids : 0, gids))
+		_exit(125);
 	if (setresgid(gid, gid, gid) || setresuid(uid, uid, uid))
 		_exit(125);
 	execve(task_prog, argv, envp);
@@ -340,55 +372,52 @@ static void error_line(const char *buf, char *out, size_t n)
 }
 
 /*
- * Once per node and step, before any task is forked (as the job's user
- * after slurmstepd dropped its privileges): resolve the image and pull it on
- * a miss, so a missing image fails the step with one line and the tasks find
- * it in the store.  An error here does not fail the job (spank(7)), so the
- * status is kept for task_init.
+ * Run the task program as the job's user in a check mode (mode: "1", the
+ * image check before the tasks; "save", --container-save after them) with the
+ * job's environment and this step's options; its exit status, and its error
+ * line (cleaned of control characters) logged with slurm_error.
  */
-int slurm_spank_user_init(spank_t sp, int ac, char **av)
+static int run_check(spank_t sp, const char *mode)
 {
 	char **env = NULL, **envp, buf[8192], line[1024];
 	size_t n = 0, len = 0;
 	ssize_t got;
 	uid_t uid;
-	gid_t gid;
-	int pfd[2], status, i;
+	gid_t gid, *gids = NULL;
+	int pfd[2], status, i, ngids = 0, nvars = 0;
 	pid_t pid;
 
-	(void) ac;
-	(void) av;
-	if ((!opt_val[O_IMAGE] && !opt_val[O_NAME]) || !task_prog)
-		return 0;
-	prepare_status = 125;
 	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env) {
+	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || !env ||
+	    (geteuid() == 0 &&
+	     spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &gids, &ngids) != ESPANK_SUCCESS)) {
 		slurm_error("gpusandbox: cannot read the job's user and environment");
-		return -1;
+		return 125;
 	}
 	for (i = 0; env[i]; i++)
 		;
-	if (!(envp = calloc(i + 4, sizeof(*envp))))
-		return -1;
+	if (!(envp = calloc(i + 5, sizeof(*envp))))
+		return 125;
 	for (i = 0; env[i]; i++)        /* the job's, without any of ours */
 		if (strncmp(env[i], PREFIX, strlen(PREFIX)) != 0)
 			envp[n++] = env[i];
-	if (asprintf(&envp[n], PREFIX "IMAGE=%s", opt_val[O_IMAGE] ? opt_val[O_IMAGE] : "") < 0 ||
-	    asprintf(&envp[n + 1], PREFIX "NAME=%s", opt_val[O_NAME] ? opt_val[O_NAME] : "") < 0) {
+	if (asprintf(&envp[n + nvars++], PREFIX "IMAGE=%s",
+		     opt_val[O_IMAGE] ? opt_val[O_IMAGE] : "") < 0 ||
+	    asprintf(&envp[n + nvars++], PREFIX "NAME=%s",
+		     opt_val[O_NAME] ? opt_val[O_NAME] : "") < 0 ||
+	    asprintf(&envp[n + nvars++], PREFIX "SAVE=%s",
+		     opt_val[O_SAVE] ? opt_val[O_SAVE] : "") < 0 ||
+	    asprintf(&envp[n + nvars++], PREFIX "PREPARE=%s", mode) < 0 ||
+	    pipe2(pfd, O_CLOEXEC)) {
+		for (i = 0; i < nvars; i++)
+			free(envp[n + i]);
 		free(envp);
-		return -1;
-	}
-	envp[n + 2] = PREFIX "PREPARE=1";
-	if (pipe2(pfd, O_CLOEXEC)) {
-		free(envp[n]);
-		free(envp[n + 1]);
-		free(envp);
-		return -1;
+		return 125;
 	}
 	pid = fork();
 	if (pid == 0)
-		prepare_child(pfd[1], envp, uid, gid);
+		check_child(pfd[1], envp, uid, gid, gids, ngids);
 	close(pfd[1]);
 	buf[0] = '\0';
 	while (pid > 0 && ((got = read(pfd[0], buf + len, sizeof(buf) - 1 - len)) > 0 ||
@@ -404,25 +433,70 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		}
 	}
 	close(pfd[0]);
-	free(envp[n]);
-	free(envp[n + 1]);
+	for (i = 0; i < nvars; i++)
+		free(envp[n + i]);
 	free(envp);
 	if (pid < 0) {
 		slurm_error("gpusandbox: cannot fork to check the image: %m");
-		return -1;
+		return 125;
 	}
 	while (waitpid(pid, &status, 0) < 0)
 		if (errno != EINTR)
-			return -1;
-	prepare_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-	if (prepare_status) {
+			return 125;
+	status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	if (status) {
 		error_line(buf, line, sizeof(line));
 		for (i = 0; line[i]; i++)
 			if (iscntrl((unsigned char) line[i]))
 				line[i] = '?';
-		slurm_error("%s", line[0] ? line : "gpusandbox: the image check failed");
+		slurm_error("%s", line[0] ? line : "gpusandbox: the check failed");
 	}
+	return status;
+}
+
+static int enabled(void)
+{
+	return opt_val[O_IMAGE] || opt_val[O_NAME] || opt_val[O_SAVE];
+}
+
+/*
+ * Once per node and step, before any task is forked (as the job's user
+ * after slurmstepd dropped its privileges): resolve the image and pull it on
+ * a miss, so a missing image fails the step with one line and the tasks find
+ * it in the store; take the named container, or the step's own for
+ * --container-save.  An error here does not fail the job (spank(7)), so the
+ * status is kept for task_init.
+ */
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	(void) ac;
+	(void) av;
+	if (!enabled() || !task_prog)
+		return 0;
+	prepare_status = run_check(sp, "1");
+	prepared = prepare_status == 0;
 	return 0;
+}
+
+/*
+ * In slurmstepd (root), as each task of the node is reaped: once the last one
+ * has ended, write --container-save's file as the job's user (pyxis's rule:
+ * the node's last task to end saves; only when the check passed).
+ */
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+	uint32_t ntasks = 0;
+
+	(void) ac;
+	(void) av;
+	if (!opt_val[O_SAVE] || !prepared || !task_prog)
+		return 0;
+	if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS)
+		return -1;
+	if (++tasks_ended != ntasks)
+		return 0;
+	prepared = 0;
+	return run_check(sp, "save") ? -1 : 0;
 }
 
 /* In the task child, as the job's user: hand the task to task=PROG. */
@@ -434,7 +508,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 
 	(void) ac;
 	(void) av;
-	if (!opt_val[O_IMAGE] && !opt_val[O_NAME])
+	if (!enabled())
 		return 0;
 	if (prepare_status)         /* told once by user_init; every task fails */
 		_exit(prepare_status);

@@ -16,7 +16,13 @@ shared ones; every task then takes a shared lock and checks that the owner
 is still its own step, so two steps never write one container together: the
 later one, or the tasks of an earlier one that lost it, stop with one line.
 The container is per user (the directory is the user's) and per directory:
-keep GPUSANDBOX_CONTAINERS node-local for a step that spans nodes."""
+keep GPUSANDBOX_CONTAINERS node-local for a step that spans nodes.
+
+pyxis's `NAME:FLAG` forms: auto (the default) takes the container, created
+on first use; create refuses a NAME that exists; exec wants a container that
+a running step holds, whose namespaces pyxis joins (gpusandbox does not join
+a running sandbox: one clear line either way); no_exec never joins, which
+here is auto (a running step's container is refused, one writer)."""
 import fcntl
 import os
 import shutil
@@ -25,6 +31,7 @@ import subprocess
 from ..errors import UsageError
 
 _OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+FLAGS = ("auto", "create", "exec", "no_exec")
 
 
 def root(env):
@@ -41,6 +48,15 @@ def check_name(name):
                          "letters, digits, '.', '_' and '-' only, at most 64, not starting "
                          "with '.'", None)
     return name
+
+
+def split(value):
+    """--container-name's NAME[:FLAG] -> (NAME, FLAG), FLAG auto by default."""
+    name, colon, flag = value.partition(":")
+    if colon and flag and flag not in FLAGS:   # pyxis: an empty FLAG is auto
+        raise UsageError(f"--container-name={value[:80]}: unknown flag {flag[:20]!r}",
+                         None, "NAME:FLAG takes auto, create, exec or no_exec")
+    return check_name(name), flag or "auto"
 
 
 def step_id(env):
@@ -61,22 +77,40 @@ def _lock(env, name, how):
     return fd
 
 
-def take(env, name, materialize):
+def take(env, name, materialize, flag="auto"):
     """The step's check: lock NAME exclusively, create it from the image on
     first use (materialize(tmpdir) fills tmpdir), record this step as its
-    owner.  Returns its directory."""
+    owner.  Returns its directory.  flag: --container-name's FLAG."""
     check_name(name)
-    fd = _lock(env, name, fcntl.LOCK_EX)
+    top = root(env)
+    path = os.path.join(top, name)
+    if flag == "create" and os.path.isdir(path):
+        raise UsageError(f"--container-name={name}:create: the container already exists",
+                         None, f"remove it first (gpusandbox slurm containers rm {name}), "
+                               "or leave out :create to reuse it")
     try:
-        top = root(env)
-        path = os.path.join(top, name)
+        fd = _lock(env, name, fcntl.LOCK_EX)
+    except UsageError:
+        if flag == "exec":
+            raise UsageError(f"--container-name={name}:exec: joining a running container "
+                             "is not supported", "gpusandbox runs each step in a sandbox "
+                             "of its own", f"wait for the step that runs in {name} to "
+                             "end, then name it without :exec") from None
+        raise
+    if flag == "exec":
+        os.close(fd)
+        if not os.path.isdir(path):
+            _unlink(os.path.join(top, name + ".lock"))
+        raise UsageError(f"--container-name={name}:exec: the container is not running",
+                         None, "start a step in it first, or name it without :exec")
+    try:
         if not os.path.isdir(path):
             tmp = os.path.join(top, f".{name}.new.{os.getpid()}")
             try:
                 materialize(tmp)
                 os.rename(tmp, path)
             except BaseException:
-                _remove_tree(tmp)
+                remove_tree(tmp)
                 _unlink(os.path.join(top, name + ".lock"))     # nothing left of NAME
                 raise
         owner = os.path.join(top, name + ".owner")
@@ -125,7 +159,7 @@ def unsquash(sqsh, dst):
                          "install squashfs-tools")
 
 
-def _remove_tree(path):
+def remove_tree(path):
     """rmtree that also removes read-only directories (an image's 0555 ones)."""
     def retry(func, p, _exc):
         parent = os.path.dirname(p)
@@ -157,7 +191,7 @@ def remove(env, name):
                          "list them: gpusandbox slurm containers")
     fd = _lock(env, name, fcntl.LOCK_EX)
     try:
-        _remove_tree(path)
+        remove_tree(path)
         _unlink(path + ".owner")
         _unlink(path + ".lock")
     finally:

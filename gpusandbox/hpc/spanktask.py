@@ -154,40 +154,66 @@ def resolve(image):
     return spec
 
 
+def materialize(image, tmp):
+    """Fill the new directory tmp with a copy of IMAGE: the store's bundle
+    (config.json: its env and cwd, + rootfs/), a root filesystem directory,
+    or a FILE.sqsh unpacked."""
+    from . import spankname
+    spec = resolve(image)
+    if spec.image_ref:
+        spankname.copy_tree(os.path.dirname(spec.image), tmp)
+    elif os.path.isdir(spec.image):
+        spankname.copy_tree(spec.image, tmp)
+    else:
+        spankname.unsquash(spec.image, tmp)
+
+
 def prepare(env):
     """The plugin's user_init (GPUSANDBOX_SPANK_PREPARE=1; once per node and
     step, before any task): resolve the image as `run` would, pulling it on
     a miss, so that a missing image fails the step with one line before its
     tasks start and the tasks find it in the store; with --container-name,
-    take the named container (created from the image on first use)."""
-    image, name = env.get(PREFIX + "IMAGE"), env.get(PREFIX + "NAME")
-    if not name:
-        resolve(image or "")
+    take the named container (created from the image on first use); with
+    --container-save, check its target and, unnamed, make the step's own
+    container that the tasks write and the save reads (spanksave)."""
+    from ..errors import UsageError
+    image, value = env.get(PREFIX + "IMAGE"), env.get(PREFIX + "NAME")
+    save = env.get(PREFIX + "SAVE")
+    if not image and not value:
+        raise UsageError(f"--container-save={save}: nothing to save", None,
+                         "give --container-image=IMAGE or --container-name=NAME with it")
+    if save:
+        from . import spanksave
+        spanksave.check(env)
+    if not value:
+        if save:
+            spanksave.create(env, lambda tmp: materialize(image, tmp))
+        else:
+            resolve(image)
         return
     from . import spankname
+    name, flag = spankname.split(value)
 
-    def materialize(tmp):
-        from ..errors import UsageError
+    def make(tmp):
         if not image:
             raise UsageError(f"--container-name={name}: no such container", None,
                              f"create it: --container-image=IMAGE --container-name={name}")
-        spec = resolve(image)
-        if spec.image_ref:          # the store's bundle: config.json (env, cwd) + rootfs/
-            spankname.copy_tree(os.path.dirname(spec.image), tmp)
-        elif os.path.isdir(spec.image):
-            spankname.copy_tree(spec.image, tmp)
-        else:
-            spankname.unsquash(spec.image, tmp)
-    spankname.take(env, name, materialize)
+        materialize(image, tmp)
+    spankname.take(env, name, make, flag)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     env = os.environ
-    if env.get(PREFIX + "PREPARE") == "1":
+    mode = env.get(PREFIX + "PREPARE")
+    if mode in ("1", "save"):
         from ..errors import SandboxError, message
         try:
-            prepare(env)
+            if mode == "1":
+                prepare(env)
+            else:
+                from .spanksave import save
+                save(env)
         except Refused as e:
             from ..errors import UsageError
             e = UsageError(str(e), None, e.hint)
@@ -205,8 +231,11 @@ def main(argv=None):
                           "this program is started by the gpusandbox SPANK plugin only")
         container = None
         if env.get(PREFIX + "NAME"):
-            from .spankname import enter
-            container = enter(env, env[PREFIX + "NAME"])    # held while this process lives
+            from .spankname import enter, split
+            container = enter(env, split(env[PREFIX + "NAME"])[0])  # held while we live
+        elif env.get(PREFIX + "SAVE"):
+            from .spanksave import step_container
+            container = step_container(env)         # the step's own, made before the tasks
         run = run_argv(env, argv0, argv, os.getcwd(), os.uname().nodename, os.isatty(0),
                        container)
     except Refused as e:

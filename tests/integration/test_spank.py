@@ -68,6 +68,9 @@ def njobs(tb):
     ("--container-env=1X", "not a variable name"),
     ("--container-unshare=pid", "unknown namespace"),
     ("--container-name=../x", "letters, digits"),
+    ("--container-name=x:join", "FLAG after ':' must be auto, create, exec or no_exec"),
+    ("--container-save=/tmp/x.tar", "must end in .sqsh or .squashfs"),
+    ("--container-save=/tmp/x/", "the target is a directory"),
 ])
 def test_bad_option_is_refused_before_allocation(tb, rootfs, opt, why):
     before = njobs(tb)
@@ -285,3 +288,82 @@ def test_named_container_across_steps_and_jobs(tb, rootfs, workdir_base, test_us
         time.sleep(0.2)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(store)) == ["ready"]
+
+
+@pytest.mark.parametrize("mode", ["root", "user"])
+def test_container_save_then_run(tb, sqsh, workdir_base, test_user, mode):
+    """--container-save=PATH: after the node's last task, the container's final
+    state as a squashfs file of the submitting user's, which
+    --container-image=PATH and `gpusandbox run PATH` run; the step's own
+    container is gone afterwards, and the image was not written."""
+    user = test_user if mode == "user" else None
+    out = workdir_base / f"spank-save-{mode}"
+    out.mkdir()
+    store = out / "containers"
+    store.mkdir()
+    if user:
+        os.chown(out, user.pw_uid, user.pw_gid)
+        os.chown(store, user.pw_uid, user.pw_gid)
+    env = {"GPUSANDBOX_CONTAINERS": str(store)}
+    saved = out / "saved.sqsh"
+    r = srun(tb, ["-n2", f"--container-image={sqsh}", f"--container-save={saved}", "sh", "-c",
+                  "echo $SLURM_PROCID >> /state; cat /etc/marker"], user=user, env=env)
+    assert (r.returncode, r.stdout) == (0, "inside the sqsh\n" * 2), r.stderr
+    st = os.stat(saved)
+    assert st.st_uid == (user.pw_uid if user else 0)
+    assert os.listdir(store) == [] and sorted(os.listdir(out)) == ["containers", "saved.sqsh"]
+    r = srun(tb, [f"--container-image={saved}", "sh", "-c", "sort /state; cat /etc/marker"],
+             user=user, env=env)
+    assert (r.returncode, r.stdout) == (0, "0\n1\ninside the sqsh\n"), r.stderr
+    r = tb.run([tb.cli, "run", str(saved), "sort", "/state"], user=user)
+    assert (r.returncode, r.stdout) == (0, "0\n1\n"), r.stderr
+    # a named container is saved with its writes, and kept
+    r = srun(tb, [f"--container-image={sqsh}", "--container-name=keep",
+                  f"--container-save={saved}", "sh", "-c", "echo named > /state"],
+             user=user, env=env)
+    assert r.returncode == 0, r.stderr
+    r = srun(tb, [f"--container-image={saved}", "cat", "/state"], user=user, env=env)
+    assert (r.returncode, r.stdout) == (0, "named\n"), r.stderr
+    assert sorted(os.listdir(store)) == ["keep", "keep.lock", "keep.owner"]
+
+
+def test_container_save_refuses_an_unwritable_path(tb, sqsh, workdir_base, test_user):
+    """A target the submitting user cannot write fails the step with one line
+    before any task runs, and nothing is left."""
+    locked = workdir_base / "spank-save-locked"
+    locked.mkdir(mode=0o755)                  # root's: the user cannot write it
+    store = workdir_base / "spank-save-locked-store"
+    store.mkdir()
+    os.chown(store, test_user.pw_uid, test_user.pw_gid)
+    marker = workdir_base / "spank-save-ran"
+    r = srun(tb, ["-n2", f"--container-image={sqsh}", f"--container-save={locked}/x.sqsh",
+                  "touch", str(marker)], user=test_user,
+             env={"GPUSANDBOX_CONTAINERS": str(store)})
+    assert r.returncode == 125
+    errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
+    assert len(errs) == 1 and f"{locked} is not writable by uid {test_user.pw_uid}" in errs[0], \
+        r.stderr
+    assert not marker.exists() and os.listdir(locked) == [] and os.listdir(store) == []
+
+
+def test_container_name_flags(tb, sqsh, workdir_base):
+    """pyxis's NAME:FLAG: create refuses an existing NAME, exec wants a
+    running container, no_exec and auto reuse it; each error one line."""
+    store = workdir_base / "spank-flags"
+    store.mkdir()
+    env = {"GPUSANDBOX_CONTAINERS": str(store)}
+    r = srun(tb, ["--container-name=f:exec", "true"], env=env)
+    assert r.returncode == 125
+    errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
+    assert len(errs) == 1 and "f:exec: the container is not running" in errs[0], r.stderr
+    assert os.listdir(store) == []
+    r = srun(tb, [f"--container-image={sqsh}", "--container-name=f:create", "sh", "-c",
+                  "echo 1 > /n"], env=env)
+    assert r.returncode == 0, r.stderr
+    r = srun(tb, [f"--container-image={sqsh}", "--container-name=f:create", "true"], env=env)
+    errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
+    assert r.returncode == 125 and len(errs) == 1 and \
+        "f:create: the container already exists" in errs[0], r.stderr
+    for flag in ("no_exec", "auto"):
+        r = srun(tb, [f"--container-name=f:{flag}", "cat", "/n"], env=env)
+        assert (r.returncode, r.stdout) == (0, "1\n"), r.stderr

@@ -63,3 +63,35 @@ def test_remove_read_only_tree(tmp_path):
 def test_bad_names(tmp_path, name):
     with pytest.raises(UsageError):
         sn.take(env(tmp_path), name, fill)
+
+
+@pytest.mark.parametrize("value, want", [
+    ("a", ("a", "auto")), ("a:auto", ("a", "auto")), ("a:create", ("a", "create")),
+    ("a:exec", ("a", "exec")), ("a:no_exec", ("a", "no_exec")), ("a:", ("a", "auto")),
+])
+def test_split_name_flag(value, want):
+    assert sn.split(value) == want
+
+
+@pytest.mark.parametrize("value", ["a:ro", ":exec", "a:exec:x"])
+def test_split_refuses(value):
+    with pytest.raises(UsageError):
+        sn.split(value)
+
+
+def test_create_flag_refuses_an_existing_container(tmp_path):
+    e = env(tmp_path)
+    sn.take(e, "a", fill, "create")
+    with pytest.raises(UsageError, match="a:create: the container already exists"):
+        sn.take(env(tmp_path, "1"), "a", fill, "create")
+    assert sn.take(env(tmp_path, "1"), "a", fill, "no_exec")    # reused as auto
+
+
+def test_exec_flag_wants_a_running_container(tmp_path):
+    with pytest.raises(UsageError, match="a:exec: the container is not running"):
+        sn.take(env(tmp_path), "a", fill, "exec")
+    assert os.listdir(tmp_path / "c") == []         # nothing made
+    sn.take(env(tmp_path, "0"), "a", fill)
+    sn.enter(env(tmp_path, "0"), "a")               # step 0 runs in it
+    with pytest.raises(UsageError, match="joining a running container is not supported"):
+        sn.take(env(tmp_path, "1"), "a", fill, "exec")
