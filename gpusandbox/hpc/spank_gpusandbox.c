@@ -16,7 +16,9 @@
  * into `gpusandbox run OPTIONS IMAGE -- ARGV` in the same process.  Before
  * the tasks, slurm_spank_user_init runs it once per node in its check mode
  * (resolve the image, pull it on a miss), so a missing image fails the step
- * in one line before any task starts.
+ * in one line before any task starts.  With --container-save, once the node's
+ * last task has ended, slurm_spank_task_exit runs it again (save mode), as the
+ * job's user, to write the squashfs file.
  *
  * Why argv[0] and not an execve of our own here: slurmstepd still has work to
  * do after task_init (TaskProlog, TMPDIR, PropagateResourceLimits), and only
