@@ -498,7 +498,10 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 	if (++tasks_ended != ntasks)
 		return 0;
 	prepared = 0;
-	return run_check(sp, "save") ? -1 : 0;
+	/* Its error line is the one the user sees: a failing task_exit would add
+	 * two lines of Slurm's and change nothing (the status is the task's). */
+	run_check(sp, "save");
+	return 0;
 }
 
 /* In the task child, as the job's user: hand the task to task=PROG. */

@@ -109,15 +109,20 @@ def write(container, path):
     """The container's directory (a bundle: config.json + rootfs/, or a root
     filesystem) as the squashfs file path, atomically."""
     from ..image.sqshout import write as squash
-    fd = os.open(container, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        config = os.path.join(container, "config.json")
-        if os.path.isdir(os.path.join(container, "rootfs")) and os.path.isfile(config):
-            squash(fd, "rootfs", path, config=_image_config(config))
-        else:
-            squash(fd, ".", path)
-    finally:
-        os.close(fd)
+        fd = os.open(container, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            config = os.path.join(container, "config.json")
+            if os.path.isdir(os.path.join(container, "rootfs")) and os.path.isfile(config):
+                squash(fd, "rootfs", path, config=_image_config(config))
+            else:
+                squash(fd, ".", path)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise UsageError(f"--container-save: cannot write {path}",
+                         e.strerror or str(e), "check that the directory is still there "
+                         "and writable by you, and has room") from None
 
 
 def save(env):

@@ -367,3 +367,28 @@ def test_container_name_flags(tb, sqsh, workdir_base):
     for flag in ("no_exec", "auto"):
         r = srun(tb, [f"--container-name=f:{flag}", "cat", "/n"], env=env)
         assert (r.returncode, r.stdout) == (0, "1\n"), r.stderr
+
+
+def test_container_save_failing_at_the_end_keeps_the_old_file(tb, sqsh, workdir_base, test_user):
+    """A save that fails after the tasks (here the task itself made the
+    directory unwritable) says so in one line and leaves the previous file
+    as it was, with no temporary beside it; the step's container is gone."""
+    out = workdir_base / "spank-save-late"
+    out.mkdir()
+    store = workdir_base / "spank-save-late-store"
+    store.mkdir()
+    for d in (out, store):
+        os.chown(d, test_user.pw_uid, test_user.pw_gid)
+    saved = out / "s.sqsh"
+    saved.write_text("old")
+    os.chown(saved, test_user.pw_uid, test_user.pw_gid)
+    r = srun(tb, [f"--container-image={sqsh}", f"--container-save={saved}",
+                  f"--container-mounts={out}:/out", "chmod", "555", "/out"], user=test_user,
+             env={"GPUSANDBOX_CONTAINERS": str(store)})
+    # the step's status stays the command's (Slurm's task_exit cannot change it)
+    assert r.returncode == 0 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("slurmstepd-") and \
+        f"gpusandbox: error: --container-save: cannot write {saved}" in r.stderr, r.stderr
+    os.chmod(out, 0o755)
+    assert saved.read_text() == "old" and os.listdir(out) == ["s.sqsh"]
+    assert os.listdir(store) == []

@@ -66,7 +66,7 @@ def test_write_bundle_carries_its_config(tmp_path):
 def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     out = tmp_path / "out.sqsh"
     out.write_text("old")
-    with pytest.raises(Exception):
+    with pytest.raises(UsageError, match="cannot write"):
         ss.write(str(tmp_path / "absent"), str(out))
     assert out.read_text() == "old"
     assert sorted(os.listdir(tmp_path)) == ["out.sqsh"]
