@@ -392,3 +392,19 @@ def test_container_save_failing_at_the_end_keeps_the_old_file(tb, sqsh, workdir_
     os.chmod(out, 0o755)
     assert saved.read_text() == "old" and os.listdir(out) == ["s.sqsh"]
     assert os.listdir(store) == []
+
+
+def test_sbatch_container_save(tb, sqsh, workdir_base):
+    """#SBATCH --container-save: the batch script's container, saved at its end."""
+    out = workdir_base / "spank-sbatch-save"
+    out.mkdir()
+    saved = out / "b.sqsh"
+    script = ("#!/bin/sh\n#SBATCH --container-image=%s\n#SBATCH --container-save=%s\n"
+              "echo batch > /state\n" % (sqsh, saved))
+    jobid = tb.sbatch(["-o", str(out / "log")], script,
+                      env={"GPUSANDBOX_DRIVER_ROOT": tb.sim_dir,
+                           "GPUSANDBOX_CONTAINERS": str(out / "c")})
+    rec = tb.wait_done(jobid)
+    assert rec["ExitCode"] == "0:0", (out / "log").read_text()
+    r = srun(tb, [f"--container-image={saved}", "cat", "/state"])
+    assert (r.returncode, r.stdout) == (0, "batch\n"), r.stderr
