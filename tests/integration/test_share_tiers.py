@@ -15,7 +15,7 @@ def _list(runner, sim, *args):
 def test_list_names_the_sharing_tier(runner, sim_host):
     r = _list(runner, sim_host, "--gpus", "0", "--gpu-memory", "2G", "--gpu-compute", "30%")
     assert r.returncode == 0, r.stderr
-    line = r.stdout.strip().splitlines()[-1]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("sharing:")][-1]
     assert line.startswith("sharing: 2048 MiB, 30% of SMs per CUDA process on GPU 0: tier 1, "
                            "MPS with the GPU in DEFAULT compute mode"), line
     # What it does not guarantee, stated with it.
@@ -26,10 +26,10 @@ def test_list_names_the_sharing_tier(runner, sim_host):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["sharing"].startswith("1024 MiB per CUDA process on GPU 0: tier 1")
     r = _list(runner, sim_host, "--gpus", "0")
-    assert r.stdout.strip().splitlines()[-1].startswith("sharing: no limits asked"), r.stdout
+    assert "\nsharing: no limits asked" in r.stdout, r.stdout
     r = _list(runner, sim_host, "--gpus", sim_host.mig(2, 1)["uuid"])
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().splitlines()[-1].startswith("sharing: tier 4, MIG"), r.stdout
+    assert "\nsharing: tier 4, MIG" in r.stdout, r.stdout
     # The launch's own refusals: one line and a hint, exit 125.
     r = _list(runner, sim_host, "--gpus", "2", "--gpu-memory", "1G")
     assert r.returncode == 125 and r.stdout == "", r.stdout
