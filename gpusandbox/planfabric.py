@@ -4,8 +4,27 @@ task the HCAs nearest its own GPUs.  Part of the planner: pure data, no
 syscalls beyond the stat and read calls discovery makes.
 
 A launch with no GPU, no --fabric and none of the caller's fabric variables
-imports nothing of gpusandbox.fabric."""
+imports nothing of gpusandbox.fabric but its package (CALLER_VARS); one
+whose host has no RDMA adapter and whose caller asks for no fabric device
+imports no more (has_adapters)."""
+import os
+
 from .fabric import CALLER_VARS
+from .plandev import driver_roots
+
+
+def has_adapters(driver_root, dev_root=None):
+    """Whether the host (or the simulated host a driver root holds) lists
+    any RDMA adapter in its sysfs class/infiniband, the sysfs
+    fabric.discover.roots reads: a stat and a listdir, before anything of
+    gpusandbox.fabric is imported."""
+    from .gpu.discover import proc_root
+    proc = proc_root(driver_root)
+    sys_root = "/sys" if proc == "/" else os.path.join(proc, "sys")
+    try:
+        return bool(os.listdir(os.path.join(sys_root, "class/infiniband")))
+    except OSError:
+        return False
 
 
 def caller_env(host_env, user_rows):
@@ -45,12 +64,13 @@ def fabric(plan, spec, user_rows, host_env):
         else:
             from .fabric import userspace
             userspace.plan_userspace(plan, plan.rootfd, libs, mpi, env)
-    if spec.fabric is None and plan.gpu is None and \
-            not any(v in host_env for v in CALLER_VARS) and \
-            not any(k in CALLER_VARS for k, _ in user_rows):
+    asked = spec.fabric is not None or any(v in host_env for v in CALLER_VARS) or \
+        any(k in CALLER_VARS for k, _ in user_rows)
+    if not asked and (plan.gpu is None or not has_adapters(*driver_roots(spec, host_env))):
+        # The default request (`auto` for the GPUs, nothing else) on a host
+        # without an RDMA adapter gives nothing: no node, rule, note or variable.
         return {}
     from .fabric import discover, inject, select
-    from .plandev import driver_roots
     env = caller_env(host_env, user_rows)
     req = select.from_caller(spec.fabric, env, bool(gpus))
     if not req and not gpus:

@@ -13,9 +13,16 @@ from gpusandbox.errors import CgroupError, UsageError
 from gpusandbox.linux import host
 from gpusandbox.linux.sys import read_file
 
-from .cgroupres import Limits, _size  # noqa: F401 - re-exported (cgroup.py, hpc/pod.py)
-
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN, _CAP_BPF = 12, 21, 39
+
+
+def __getattr__(name):
+    """Limits and _size, cgroupres's, re-exported (hpc/pod.py, siterun.py)
+    and loaded when first asked: a launch without limits never does."""
+    if name in ("Limits", "_size"):
+        from . import cgroupres
+        return getattr(cgroupres, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- host facts ----------------------------------------------------------------

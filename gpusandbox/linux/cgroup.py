@@ -34,15 +34,30 @@ import os
 
 from gpusandbox.errors import CgroupError, UsageError
 
-from . import cgroupv1
 from .cgfs import (  # noqa: F401 - clean_stale is part of this module's API
     _write, _mounts, _cgroup2, _v1_mounts,
     _v1_bound, _own_cgroups, _privileged, _writable, _mkdir,
     _words, _resolve_parent, clean_stale, _rmtree)
-from .cgroupres import Limits, option  # noqa: F401 - Limits: this module's API
+
 
 BEST_EFFORT_OPTION = "--best-effort-limits"
 KILL_WAIT = 2.0      # seconds teardown waits for killed processes to leave
+
+
+# cgroupres (the limits) and cgroupv1 (their v1 leaves) are loaded only when
+# a launch has limits or v1 leaves: one without limits never needs them.
+def __getattr__(name):
+    """Limits (cgroupres.py) is part of this module's API."""
+    if name == "Limits":
+        from .cgroupres import Limits
+        return Limits
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def option(name):
+    """The option that sets a limit file (cgroupres.option)."""
+    from .cgroupres import option as of
+    return of(name)
 
 
 # --- the handle ------------------------------------------------------------------
@@ -152,6 +167,7 @@ class CgroupHandle:
         if self.path is not None and emptied:
             steps.append(("remove", lambda: left.update(main=bool(_rmtree(self.path)))))
         if self.v1 and emptied:
+            from . import cgroupv1
             steps.append(("remove the v1 leaves of",
                           lambda: left.update(v1=bool(cgroupv1.remove(self.v1)))))
         for what, fn in steps:
@@ -229,6 +245,9 @@ def _rootless_filter_note(h):
 
 
 def _make_v1(h, name, files, where, best_effort):
+    if not where:
+        return
+    from . import cgroupv1
     cgroupv1.make(h, name, where, files, lambda err: _fail_or_note(h, best_effort, err))
 
 
@@ -236,11 +255,14 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
     privileged = _privileged(proc)
     mounts = _mounts(proc)
     cg2 = _cgroup2(mounts)
-    files1, where1 = cgroupv1.plan(
-        limits, parent if h.v1_parent is None else h.v1_parent, proc, mounts,
-        pure=cg2 is None, prefix=prefix, v1_all=h.v1_all,
-        notes=h.notes, fail=lambda err: _fail_or_note(h, best_effort, err),
-        hint=f"or drop the option, or run without it ({BEST_EFFORT_OPTION})")
+    files1, where1 = [], {}
+    if limits is not None or h.v1_all:      # else cgroupv1.plan has nothing to plan
+        from . import cgroupv1
+        files1, where1 = cgroupv1.plan(
+            limits, parent if h.v1_parent is None else h.v1_parent, proc, mounts,
+            pure=cg2 is None, prefix=prefix, v1_all=h.v1_all,
+            notes=h.notes, fail=lambda err: _fail_or_note(h, best_effort, err),
+            hint=f"or drop the option, or run without it ({BEST_EFFORT_OPTION})")
     if cg2 is None:
         return _prepare_v1(h, mounts, parent, files1, where1, rules, privileged, best_effort,
                            prefix, proc)
