@@ -118,3 +118,16 @@ def test_each_container_setting_loads_ocisetup(field, value):
     plan = LaunchPlan(RunSpec())
     setattr(plan, field, value)
     assert plan.container_settings() is True
+
+
+# --- gpu/__init__.requirements: gpu/require.py --------------------------------------
+
+def test_what_the_image_asks_is_read_by_the_package_and_require_uses_it(tmp_path):
+    from gpusandbox import gpu
+    from gpusandbox.gpu import require
+    assert require.requirements is gpu.requirements and require.disabled is gpu.disabled
+    # An image that asks nothing: no requirement, so the plan skips the check.
+    assert gpu.requirements({}, str(tmp_path)) == []
+    assert gpu.requirements({"CUDA_VERSION": "12.4.1"}, None) == [
+        ("CUDA_VERSION=12.4.1", "cuda>=12.4")]
+    assert gpu.disabled({"NVIDIA_DISABLE_REQUIRE": "yes"})
