@@ -15,7 +15,7 @@ PYTHON = str(VENV / "bin" / "python3")
 
 # Issue 24's target is 35; LIMIT is what the launch path imports today, so a
 # module added to it fails here until it is paid for (docs/bench.md).
-LIMIT = 50
+LIMIT = 49
 
 # Each of these is heavy or compiles at import, and the launch does not need
 # it: whatever would pull one in must import it where it is used.
