@@ -82,18 +82,21 @@ def test_an_unconfigured_run_reads_no_site_module(tmp_path):
 
 # --- planfabric.has_adapters: gpusandbox.fabric's discover, select, inject -----------
 
-def _sim(tmp_path, hcas):
+def _sim(tmp_path, hcas, cxis=()):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n")
     for name in hcas:
         (tmp_path / "proc/sys/class/infiniband" / name / "ports/1").mkdir(parents=True)
+    for name in cxis:
+        (tmp_path / "proc/sys/class/cxi_user" / name).mkdir(parents=True)
     return str(tmp_path)
 
 
-@pytest.mark.parametrize("hcas", [[], ["mlx5_0"], ["mlx5_0", "mlx5_1"]])
-def test_has_adapters_sees_what_discovery_sees(tmp_path, hcas):
-    root = _sim(tmp_path, hcas)
-    assert planfabric.has_adapters(root) == bool(discover.discover(root).hcas)
+@pytest.mark.parametrize("hcas,cxis", [([], []), (["mlx5_0"], []), (["mlx5_0", "mlx5_1"], []),
+                                       ([], ["cxi0"]), (["mlx5_0"], ["cxi0"])])
+def test_has_adapters_sees_what_discovery_sees(tmp_path, hcas, cxis):
+    root = _sim(tmp_path, hcas, cxis)
+    assert planfabric.has_adapters(root) == bool(discover.discover(root).nics())
 
 
 def test_has_adapters_without_a_sysfs_class(tmp_path):
