@@ -41,8 +41,9 @@ NOT_ON_THE_PATH = {
     "gpusandbox.conffile",           # (settings.configured): every key its default
     "gpusandbox.sitehooks",          # and no site hooks directory
     "gpusandbox.fabric.discover",    # no --fabric and no fabric variable, and the
-    "gpusandbox.fabric.select",      # host has no RDMA adapter (planfabric.has_adapters):
-    "gpusandbox.fabric.inject",      # the default request gives nothing
+    "gpusandbox.fabric.select",      # host has no fabric adapter (planfabric.has_adapters):
+    "gpusandbox.fabric.inject",      # the default request gives nothing, no /sys view
+    "gpusandbox.fabric.sysview",     # either
     "gpusandbox.gpu.require",        # the image asks for nothing (gpu/__init__.requirements)
     "gpusandbox.stages.ocisetup",    # no hooks, sysctls, domain name, OCI life
                                      # (LaunchPlan.container_settings)
