@@ -184,6 +184,14 @@ class LaunchPlan:
         # no GPU support: no driver file was injected.
         self.gpu = None
 
+    def container_settings(self):
+        """Whether stages/ocisetup.py has anything to do for this plan: hooks,
+        the container's kernel settings, a root propagation, or a created
+        container's life (plan.oci).  A plan with none of them (a plain
+        `run`) never loads it."""
+        return bool(self.oci is not None or self.hook_state or any(self.hooks.values())
+                    or self.domainname or self.sysctl or self.rootfs_propagation is not None)
+
 
 # Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
 _MAX_ENV_ITEMS = 4096

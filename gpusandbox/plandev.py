@@ -41,15 +41,21 @@ def _inject(plan, spec, rootfd, req, req_env, host_env):
     if spec.gpu_visibility == "step":
         from .hpc import gpuvis
         sel = gpuvis.widen(sel, host, host_env, plan.notes)
-    from .gpu import compat, require
+    from .gpu import compat, disabled, requirements
     # The host's own driver in the host's own root is used as the host's
     # loader finds it: no cache is written, so no compat choice either.
     decision = None if plan.host_root and _same_root(roots[0]) else \
         compat.for_launch(spec.cuda_compat, rootfd, host, sel, plan.notes)
-    warn = require.check(req_env, rootfd, host, None, host_env,
-                         gpus=sel.node_gpus(), no_require=spec.no_require, compat=decision)
-    if warn:
-        plan.warnings.append(warn)
+    # The requirement check (gpu/require.py) only when the image asks for
+    # something or the check is turned off (its warning says so).
+    skip = spec.no_require or disabled(req_env) or disabled(host_env)
+    reqs = None if skip else requirements(req_env, rootfd)
+    if skip or reqs:
+        from .gpu import require
+        warn = require.check(req_env, rootfd, host, None, host_env, gpus=sel.node_gpus(),
+                             no_require=spec.no_require, compat=decision, reqs=reqs)
+        if warn:
+            plan.warnings.append(warn)
     edits = inject.build_edits(host, sel, rootfd, host_env,
                                private=plan.keep_image,
                                notes=plan.notes, compat=decision,

@@ -4,8 +4,30 @@ task the HCAs nearest its own GPUs.  Part of the planner: pure data, no
 syscalls beyond the stat and read calls discovery makes.
 
 A launch with no GPU, no --fabric and none of the caller's fabric variables
-imports nothing of gpusandbox.fabric."""
-from .fabric import CALLER_VARS
+imports nothing of gpusandbox.fabric but its package (CALLER_VARS); one
+whose host has no fabric adapter and whose caller asks for no fabric device
+imports no more (has_adapters)."""
+import os
+
+from .fabric import CALLER_VARS, NIC_CLASSES
+from .plandev import driver_roots
+
+
+def has_adapters(driver_root, dev_root=None):
+    """Whether the host (or the simulated host a driver root holds) lists
+    any fabric adapter (an RDMA HCA, a Slingshot NIC) in the sysfs classes
+    of NIC_CLASSES, in the sysfs fabric.discover.roots reads: a listdir
+    each, before anything of gpusandbox.fabric but its package is imported."""
+    from .gpu.discover import proc_root
+    proc = proc_root(driver_root)
+    sys_root = "/sys" if proc == "/" else os.path.join(proc, "sys")
+    for cls in NIC_CLASSES:
+        try:
+            if os.listdir(os.path.join(sys_root, cls)):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def caller_env(host_env, user_rows):
@@ -45,12 +67,14 @@ def fabric(plan, spec, user_rows, host_env):
         else:
             from .fabric import userspace
             userspace.plan_userspace(plan, plan.rootfd, libs, mpi, env)
-    if spec.fabric is None and plan.gpu is None and \
-            not any(v in host_env for v in CALLER_VARS) and \
-            not any(k in CALLER_VARS for k, _ in user_rows):
+    asked = spec.fabric is not None or any(v in host_env for v in CALLER_VARS) or \
+        any(k in CALLER_VARS for k, _ in user_rows)
+    if not asked and (plan.gpu is None or not has_adapters(*driver_roots(spec, host_env))):
+        # The default request (`auto` for the GPUs, nothing else) on a host
+        # without a fabric adapter gives nothing: no node, rule, /sys view,
+        # note or variable.
         return {}
     from .fabric import discover, inject, select
-    from .plandev import driver_roots
     env = caller_env(host_env, user_rows)
     req = select.from_caller(spec.fabric, env, bool(gpus))
     if not req and not gpus:

@@ -340,9 +340,38 @@ def _merged(vals):
     return out
 
 
+def source_dirs(environ):
+    """The directories every settings file and the site hooks live in: the
+    site's (/etc/gpusandbox: oci.conf, gpusandbox.conf, conf.d/, hooks-dir's
+    default hooks.d/) and the caller's (<config home>/gpusandbox, under
+    $XDG_CONFIG_HOME and under $HOME/.config).  tests/unit/test_settings_
+    configured.py holds every path sources() and KEYS name to them."""
+    out = [os.path.dirname(SYSTEM_FILE)]
+    home = environ.get("HOME") or ""
+    for base in (environ.get("XDG_CONFIG_HOME") or "", home and home + "/.config"):
+        if base.startswith("/"):
+            out.append(os.path.join(base, "gpusandbox"))
+    return out
+
+
+def configured(environ=None):
+    """Whether any source of settings exists beyond the defaults: a
+    variable of ENV_VARS set, or one of source_dirs().  Without one, every
+    key has its default and there is no site hook, so a launch skips
+    siterun, conffile and sitehooks altogether (a few stat calls instead
+    of three modules)."""
+    environ = os.environ if environ is None else environ
+    if any(environ.get(v) for v in ENV_VARS):
+        return True
+    return any(os.path.lexists(d) for d in source_dirs(environ))
+
+
 def sources(environ, system_file=SYSTEM_FILE, site_dir=None):
     """The sources a lookup asks, in order: the environment, the oci.conf
-    files (docs/runtime.md), the user's configuration file, the site's."""
+    files (docs/runtime.md), the user's configuration file, the site's.
+    Only the environment when nothing is configured (configured())."""
+    if system_file == SYSTEM_FILE and site_dir is None and not configured(environ):
+        return [EnvSource(environ)]
     from . import conffile
     out = [EnvSource(environ)]
     user = conffile.user_file(environ)

@@ -24,7 +24,6 @@ from gpusandbox.errors import GpuError
 from gpusandbox.linux import sys as lsys
 
 from .discover import effective_caps
-from .require import gpu_brand, is_datacenter
 
 COMPAT_DIR = "/usr/local/cuda/compat"
 NOTE_SECTION = b".note.cuda.fwd_compatibility"
@@ -185,7 +184,9 @@ def _drivers(doc):
 def decide(mode, image_root, host_version, brands):
     """The Decision for a launch.  mode: auto|off|force; image_root: the
     image's held fd (or path); host_version: the driver's version text;
-    brands: the selected GPUs' brand names (None where unknown)."""
+    brands: the selected GPUs' brand names (None where unknown), or a
+    callable returning them (asked only when the image's compat libcuda is
+    newer than the host driver)."""
     if mode == "off":
         return Decision(False, "--cuda-compat off: the host driver's libraries")
     rootfd, owned = lsys.tree_fd(image_root)
@@ -231,7 +232,8 @@ def _decide(mode, rootfd, host_version, brands):
     if _vtuple(version) <= _vtuple(host_version):
         return Decision(False, f"compat libcuda {version} is not newer than the host "
                         f"driver {host_version}", version, drivers=drivers)
-    bad = [b for b in brands if not is_datacenter(b)]
+    from .require import is_datacenter      # an image with a newer compat libcuda only
+    bad = [b for b in (brands() if callable(brands) else brands) if not is_datacenter(b)]
     if bad:
         what = bad[0] or "unknown"
         return Decision(False, f"compat libcuda {version} not used: forward compatibility "
@@ -269,8 +271,10 @@ def for_launch(mode, image_root, host, sel, notes):
     reason added to the --verbose notes."""
     if "compute" not in effective_caps(sel.caps):
         return None
-    brands = [getattr(g, "brand", None) or gpu_brand(getattr(g, "model", None))
-              for g in sel.node_gpus()]
+    def brands():
+        from .require import gpu_brand
+        return [getattr(g, "brand", None) or gpu_brand(getattr(g, "model", None))
+                for g in sel.node_gpus()]
     decision = decide(mode, image_root, host.version, brands)
     notes.append("cuda-compat: " + decision.reason)
     return decision

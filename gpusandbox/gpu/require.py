@@ -21,6 +21,7 @@ import os
 
 from gpusandbox.errors import GpuError
 from gpusandbox import number, short
+from gpusandbox.gpu import disabled, requirements  # noqa: F401 - what the image asks (the package's)
 
 
 # Two-character operators first so that "<=" is not read as "<".
@@ -74,7 +75,6 @@ DATACENTER_BRANDS = ("tesla", "nvidia")
 # is selected (nothing in the sandbox can disagree with them).
 ANY = "*"
 
-_TRUE = ("1", "t", "true", "y", "yes", "on")
 
 
 
@@ -175,41 +175,6 @@ def evaluate(constraint, facts):
 
 # --- what the image asks for -------------------------------------------------
 
-def disabled(env):
-    return str(env.get("NVIDIA_DISABLE_REQUIRE", "")).strip().lower() in _TRUE
-
-
-def requirements(image_env, image_root):
-    """The image's constraints as [(source, expression)].
-
-    image_env: the sandbox's variables as the image, --env-file and -e set
-    them (later rows winning).  source names where the constraint came from
-    (a variable, or the file that shows the CUDA release the image carries)
-    for the error message."""
-    reqs = [(k, v) for k, v in sorted(image_env.items())
-            if k.startswith("NVIDIA_REQUIRE_") and v.strip()]
-    if "NVIDIA_REQUIRE_CUDA" in image_env:
-        return reqs
-    legacy = image_env.get("CUDA_VERSION", "").strip()
-    if legacy:
-        parts = legacy.split(".")
-        major, minor = (number(parts[0]), number(parts[1])) if len(parts) >= 2 else (None, None)
-        if major is None or minor is None:
-            raise GpuError(f"invalid CUDA_VERSION={short(legacy)} in the image",
-                           hint="set CUDA_VERSION=MAJOR.MINOR[.PATCH] in the image, "
-                                "or NVIDIA_DISABLE_REQUIRE=true to skip the check")
-        reqs.append((f"CUDA_VERSION={short(legacy)[1:-1]}", f"cuda>={major}.{minor}"))
-        return reqs
-    if image_root is not None:
-        from .carried import image_cuda_version     # an image that names no CUDA release
-        carried = image_cuda_version(image_root)
-        if carried:
-            (major, minor), where = carried
-            reqs.append((f"the image's CUDA {major}.{minor} ({where})",
-                         f"cuda>={major}.{minor}"))
-    return reqs
-
-
 # --- what the host offers ------------------------------------------------------
 
 def _model_tokens(model):
@@ -304,7 +269,7 @@ def min_driver_for(version):
 
 
 def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
-          no_require=False, compat=None):
+          no_require=False, compat=None, reqs=None):
     """Refuse a launch whose image needs more than the host offers.
 
     image_env: the image's variables (dict); image_root: its root directory
@@ -323,6 +288,7 @@ def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
     images' `brand=...,driver>=N,driver<N+1` terms hold only through the
     image's forward-compatibility libraries, so with a Decision that does not
     use them such a term no longer carries an image the host's CUDA is too old for.
+    reqs: requirements(image_env, image_root) when the caller has them already.
     Returns None, or a one-line "warning: ..." for the launcher to print
     after its "gpusandbox: " prefix; raises
     GpuError (exit code 125) when a constraint fails."""
@@ -341,7 +307,7 @@ def check(image_env, image_root, host, ceiling=None, environ=None, *, gpus=None,
                 "newer than the host driver fails at run time with 'CUDA driver "
                 "version is insufficient for CUDA runtime version'")
     reqs = [(src, expr, parse_constraint(expr, src)) for src, expr in
-            requirements(image_env, image_root)]
+            (requirements(image_env, image_root) if reqs is None else reqs)]
     if not reqs:
         return None
     if callable(ceiling):

@@ -280,8 +280,7 @@ def info_lines(host):
     """[(label, value)] for `gpusandbox info` and doctor: the sharing tiers
     this host offers and the forward-compatibility eligibility of its GPUs."""
     from . import mps
-    from .compat import is_datacenter
-    from .require import gpu_brand
+    from .require import gpu_brand, is_datacenter
     has_mps = mps.CTL in host.bins and "nvidia-cuda-mps-server" in host.bins
     running = []
     for g in host.gpus:

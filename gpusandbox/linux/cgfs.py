@@ -13,9 +13,16 @@ from gpusandbox.errors import CgroupError, UsageError
 from gpusandbox.linux import host
 from gpusandbox.linux.sys import read_file
 
-from .cgroupres import Limits, _size  # noqa: F401 - re-exported (cgroup.py, hpc/pod.py)
-
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN, _CAP_BPF = 12, 21, 39
+
+
+def __getattr__(name):
+    """Limits and _size, cgroupres's, re-exported (hpc/pod.py, siterun.py)
+    and loaded when first asked: a launch without limits never does."""
+    if name in ("Limits", "_size"):
+        from . import cgroupres
+        return getattr(cgroupres, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- host facts ----------------------------------------------------------------
@@ -289,3 +296,44 @@ def _rmtree(path, wait=1.0):
                 time.sleep(0.005)
 
 
+# --- status (info / doctor) -----------------------------------------------------------
+def status(proc="/proc"):
+    """Facts for `info` and `doctor`; never raises.  `error` says why the
+    cgroup2 side could not be read, `bpf_why` why the filter is unavailable."""
+    out = {"cgroup2": None, "hybrid": False, "own_cgroup": None, "leaf_parent": None,
+           "delegated": False, "controllers": [], "controllers_v1": [], "v1_devices": None,
+           "bpf_filter": False, "bpf_why": None, "error": None}
+    try:
+        mounts = _mounts(proc)
+    except OSError as e:
+        out["error"] = f"cannot read {proc}/self/mountinfo: {e.strerror}"
+        return out
+    v1 = _v1_mounts(mounts)
+    out["controllers_v1"] = sorted(set(v1) | _v1_bound(proc))
+    out["v1_devices"] = v1.get("devices")
+    cg2 = _cgroup2(mounts)
+    out["hybrid"] = bool(cg2 and out["controllers_v1"])
+    if cg2:
+        out["cgroup2"] = cg2[0]
+        try:
+            out["own_cgroup"] = _own_cgroups(proc).get("")
+            pdir = out["leaf_parent"] = _resolve_parent(cg2[0], cg2[1], out["own_cgroup"], None)
+            out["delegated"] = all(_writable(f) for f in (
+                pdir, f"{pdir}/cgroup.procs", f"{pdir}/cgroup.subtree_control"))
+            out["controllers"] = _words(f"{pdir}/cgroup.controllers")
+        except OSError as e:
+            out["error"] = e.strerror
+        except (CgroupError, UsageError) as e:
+            out["error"] = e.line()
+    if not _privileged(proc):
+        out["bpf_why"] = "needs CAP_SYS_ADMIN (or CAP_BPF and CAP_NET_ADMIN) in the initial user namespace"
+    elif not cg2:
+        out["bpf_why"] = "no cgroup2 mount" + (" (v1 devices fallback)" if out["v1_devices"] else "")
+    else:
+        from gpusandbox.linux import bpfdev
+        try:
+            os.close(bpfdev.load(bpfdev.assemble(bpfdev.DEFAULT_RULES)))
+            out["bpf_filter"] = True
+        except OSError as e:
+            out["bpf_why"] = f"BPF_PROG_LOAD: {e.strerror}"
+    return out

@@ -34,15 +34,30 @@ import os
 
 from gpusandbox.errors import CgroupError, UsageError
 
-from . import cgroupv1
-from .cgfs import (  # noqa: F401 - clean_stale is part of this module's API
+from .cgfs import (  # noqa: F401 - clean_stale and status are part of this module's API
     _write, _mounts, _cgroup2, _v1_mounts,
     _v1_bound, _own_cgroups, _privileged, _writable, _mkdir,
-    _words, _resolve_parent, clean_stale, _rmtree)
-from .cgroupres import Limits, option  # noqa: F401 - Limits: this module's API
+    _words, _resolve_parent, clean_stale, _rmtree, status)
+
 
 BEST_EFFORT_OPTION = "--best-effort-limits"
 KILL_WAIT = 2.0      # seconds teardown waits for killed processes to leave
+
+
+# cgroupres (the limits) and cgroupv1 (their v1 leaves) are loaded only when
+# a launch has limits or v1 leaves: one without limits never needs them.
+def __getattr__(name):
+    """Limits (cgroupres.py) is part of this module's API."""
+    if name == "Limits":
+        from .cgroupres import Limits
+        return Limits
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def option(name):
+    """The option that sets a limit file (cgroupres.option)."""
+    from .cgroupres import option as of
+    return of(name)
 
 
 # --- the handle ------------------------------------------------------------------
@@ -152,6 +167,7 @@ class CgroupHandle:
         if self.path is not None and emptied:
             steps.append(("remove", lambda: left.update(main=bool(_rmtree(self.path)))))
         if self.v1 and emptied:
+            from . import cgroupv1
             steps.append(("remove the v1 leaves of",
                           lambda: left.update(v1=bool(cgroupv1.remove(self.v1)))))
         for what, fn in steps:
@@ -229,6 +245,9 @@ def _rootless_filter_note(h):
 
 
 def _make_v1(h, name, files, where, best_effort):
+    if not where:
+        return
+    from . import cgroupv1
     cgroupv1.make(h, name, where, files, lambda err: _fail_or_note(h, best_effort, err))
 
 
@@ -236,11 +255,14 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
     privileged = _privileged(proc)
     mounts = _mounts(proc)
     cg2 = _cgroup2(mounts)
-    files1, where1 = cgroupv1.plan(
-        limits, parent if h.v1_parent is None else h.v1_parent, proc, mounts,
-        pure=cg2 is None, prefix=prefix, v1_all=h.v1_all,
-        notes=h.notes, fail=lambda err: _fail_or_note(h, best_effort, err),
-        hint=f"or drop the option, or run without it ({BEST_EFFORT_OPTION})")
+    files1, where1 = [], {}
+    if limits is not None or h.v1_all:      # else cgroupv1.plan has nothing to plan
+        from . import cgroupv1
+        files1, where1 = cgroupv1.plan(
+            limits, parent if h.v1_parent is None else h.v1_parent, proc, mounts,
+            pure=cg2 is None, prefix=prefix, v1_all=h.v1_all,
+            notes=h.notes, fail=lambda err: _fail_or_note(h, best_effort, err),
+            hint=f"or drop the option, or run without it ({BEST_EFFORT_OPTION})")
     if cg2 is None:
         return _prepare_v1(h, mounts, parent, files1, where1, rules, privileged, best_effort,
                            prefix, proc)
@@ -462,46 +484,3 @@ def _v1_devices_parent(h, devmount, own, parent):
         except UsageError:
             continue
     return _resolve_parent(devmount, "/", own, parent)
-
-
-# --- status (info / doctor) -----------------------------------------------------------
-def status(proc="/proc"):
-    """Facts for `info` and `doctor`; never raises.  `error` says why the
-    cgroup2 side could not be read, `bpf_why` why the filter is unavailable."""
-    out = {"cgroup2": None, "hybrid": False, "own_cgroup": None, "leaf_parent": None,
-           "delegated": False, "controllers": [], "controllers_v1": [], "v1_devices": None,
-           "bpf_filter": False, "bpf_why": None, "error": None}
-    try:
-        mounts = _mounts(proc)
-    except OSError as e:
-        out["error"] = f"cannot read {proc}/self/mountinfo: {e.strerror}"
-        return out
-    v1 = _v1_mounts(mounts)
-    out["controllers_v1"] = sorted(set(v1) | _v1_bound(proc))
-    out["v1_devices"] = v1.get("devices")
-    cg2 = _cgroup2(mounts)
-    out["hybrid"] = bool(cg2 and out["controllers_v1"])
-    if cg2:
-        out["cgroup2"] = cg2[0]
-        try:
-            out["own_cgroup"] = _own_cgroups(proc).get("")
-            pdir = out["leaf_parent"] = _resolve_parent(cg2[0], cg2[1], out["own_cgroup"], None)
-            out["delegated"] = all(_writable(f) for f in (
-                pdir, f"{pdir}/cgroup.procs", f"{pdir}/cgroup.subtree_control"))
-            out["controllers"] = _words(f"{pdir}/cgroup.controllers")
-        except OSError as e:
-            out["error"] = e.strerror
-        except (CgroupError, UsageError) as e:
-            out["error"] = e.line()
-    if not _privileged(proc):
-        out["bpf_why"] = "needs CAP_SYS_ADMIN (or CAP_BPF and CAP_NET_ADMIN) in the initial user namespace"
-    elif not cg2:
-        out["bpf_why"] = "no cgroup2 mount" + (" (v1 devices fallback)" if out["v1_devices"] else "")
-    else:
-        from gpusandbox.linux import bpfdev
-        try:
-            os.close(bpfdev.load(bpfdev.assemble(bpfdev.DEFAULT_RULES)))
-            out["bpf_filter"] = True
-        except OSError as e:
-            out["bpf_why"] = f"BPF_PROG_LOAD: {e.strerror}"
-    return out

@@ -7,7 +7,6 @@ import stat
 from ..environ import DEFAULT_PATH, passwd_home
 from ..linux import caps
 from ..linux import sys as k
-from . import ocisetup
 from .channel import fail, pause_point
 
 _TIOCSCTTY = 0x540E
@@ -89,8 +88,8 @@ def run(plan, err_w, wdfd, tty_slave):
             step = "reading /etc/passwd"
             plan.env["HOME"] = _passwd_home(plan.cmd_uid)
         step = "applying the process settings"
-        ocisetup.before_privileges(plan)
-        early = ocisetup.seccomp_early(plan)
+        before_privileges(plan)
+        early = seccomp_early(plan)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.
         caps.drop_bounding(plan.cap_bounding)
@@ -108,7 +107,7 @@ def run(plan, err_w, wdfd, tty_slave):
             k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
         pause_point(plan, "before-exec")
         step = "applying the process settings"
-        ocisetup.before_exec(plan)
+        before_exec(plan)
         # No PATH in the environment: execvp(3)'s search of a default one,
         # which the environment does not get.
         path = _lookup(plan.argv[0], plan.env.get("PATH", DEFAULT_PATH))
@@ -132,3 +131,73 @@ def run(plan, err_w, wdfd, tty_slave):
         fail(err_w, 125, step, e.strerror or str(e))
     except Exception as e:  # noqa: BLE001
         fail(err_w, 125, step, f"{type(e).__name__}: {e}")
+
+
+# --- an OCI process's settings (the plan's fields; no-ops for a plain run) ----
+def process_settings(ps):
+    """The config's scheduling settings (oci/configproc.py), while the command
+    stage still holds its capabilities (a real-time policy or I/O class
+    needs CAP_SYS_NICE / CAP_SYS_ADMIN); all survive the execve.  The
+    memory policy first: it applies to what the process allocates next."""
+    from ..linux import procsched
+    if ps.cpus_initial is not None:
+        procsched.set_affinity(ps.cpus_initial)
+    if ps.mempolicy is not None:
+        procsched.set_mempolicy(*ps.mempolicy)
+    if ps.ioprio is not None:
+        procsched.set_ioprio(ps.ioprio)
+    if ps.sched is not None:
+        procsched.set_scheduler(*ps.sched)
+    if ps.personality is not None:
+        procsched.set_personality(ps.personality)
+
+
+def before_privileges(plan):
+    """What the command stage does while it is still root: the process's
+    kernel settings (plan.proc_settings) and, for the OCI doors, its stdio
+    handed to its user (plan.stdio_owner: runc's and crun's rules)."""
+    if plan.proc_settings is not None:
+        process_settings(plan.proc_settings)
+    if plan.stdio_owner:
+        _chown_stdio(plan.cmd_uid, plan.cmd_gid)
+
+
+def _chown_stdio(uid, gid):
+    """The process's stdio (a pipe, a file, the pty) owned by its user, so
+    that it can reopen them through /proc/self/fd; /dev/null stays as it is.
+    Ids the user namespace does not map, or an owner it cannot change, leave
+    a descriptor as it was."""
+    for fd in (0, 1, 2):
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3):
+                continue
+            if (st.st_uid, st.st_gid) != (uid, gid):
+                os.fchown(fd, uid, gid)
+        except OSError:
+            continue
+
+
+def before_exec(plan):
+    """Process settings that apply to the command only."""
+    if plan.umask is not None:
+        os.umask(plan.umask)
+    ps = plan.proc_settings
+    if ps is not None and ps.cpus_final is not None:
+        # execCPUAffinity.final: the workload's own CPUs, set last so that the
+        # setup before it ran on the initial ones (runtime-spec config.md).
+        from ..linux import procsched
+        procsched.set_affinity(ps.cpus_final)
+
+
+def seccomp_early(plan):
+    """An OCI config with noNewPrivileges false and a seccomp filter: the
+    filter goes in before the capabilities are dropped, since without
+    no_new_privs the kernel installs one only for CAP_SYS_ADMIN
+    (seccomp(2)); the rest of the command stage then runs under it, as
+    runc's does.  Returns whether it was installed here."""
+    if plan.no_new_privs or plan.seccomp is None:
+        return False
+    from ..linux import seccomp
+    seccomp.install(plan.seccomp)
+    return True

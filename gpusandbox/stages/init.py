@@ -10,7 +10,7 @@ import os
 from ..linux import mounts as m
 from ..linux import sys as k
 from ..plan import STD_DEVICES
-from . import command, mountexec, ocisetup, sysmounts
+from . import command, mountexec, sysmounts
 from .mountexec import KERNEL
 from .channel import fail, pause_point
 
@@ -136,20 +136,24 @@ def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL):
     yield "mounting the GPU edits, -v/--mount and the config's mounts"
     mountexec.apply(plan.mounts, rootfd, fds,
                     lambda: sysmounts.sysfs(plan, rootfd, src, True, kern), kern)
-    yield "setting the container's kernel settings"
-    ocisetup.kernel_settings(plan, rootfd, kern)
-    if ocisetup.runtime_hooks(plan):
-        yield "waiting for the prestart and createRuntime hooks"
-        ocisetup.hooks_point(plan, err_w, go_r)
-        os.close(go_r)
-    if plan.hook_state:
-        yield "running the createContainer hooks"
-        ocisetup.container_hooks(plan, "createContainer", life["pid"],
-                                 plan.hook_state["bundle"])
-    from .. import sitehooks    # its list read by the launcher, before the clone
-    if sitehooks.hooks():
-        yield "running the site hooks"
-        sitehooks.rootfs_point(plan, rootfd)
+    if plan.container_settings():
+        from . import ocisetup      # only for a plan with something for it
+        yield "setting the container's kernel settings"
+        ocisetup.kernel_settings(plan, rootfd, kern)
+        if ocisetup.runtime_hooks(plan):
+            yield "waiting for the prestart and createRuntime hooks"
+            ocisetup.hooks_point(plan, err_w, go_r)
+            os.close(go_r)
+        if plan.hook_state:
+            yield "running the createContainer hooks"
+            ocisetup.container_hooks(plan, "createContainer", life["pid"],
+                                     plan.hook_state["bundle"])
+    from .. import settings
+    if settings.configured():       # else no hook can exist (no site directory)
+        from .. import sitehooks    # its list read by the launcher, before the clone
+        if sitehooks.hooks():
+            yield "running the site hooks"
+            sitehooks.rootfs_point(plan, rootfd)
     yield "masking /proc and /sys paths"
     sysmounts.mask(rootfd, plan, kern)
 
@@ -228,13 +232,16 @@ def run(plan, go_r, err_w, tty_sock, wait):
             # reaped here, and killed by the pod's keeper once this exits.
             k.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
         step = "making the mount tree private"
-        k.mount(None, "/", None, k.MS_REC | ocisetup.start_propagation(plan))
+        cs = None
+        if plan.container_settings():
+            from . import ocisetup as cs       # else it has nothing to do
+        k.mount(None, "/", None, k.MS_REC | (cs.start_propagation(plan) if cs else k.MS_SLAVE))
         step = "opening host sources"
         src = _open_sources(plan)
         fds = mountexec.open_sources(plan.mounts)
         # The exec fifo of a created container (plan.oci: its life), the
         # pid its hooks are told.
-        life = ocisetup.open_sources(plan)
+        life = cs.open_sources(plan) if cs else {"fifo": -1, "pid": 0}
         created = plan.oci is not None
         # Files created from here on need the caller's id mapped.
         if wait:
@@ -247,7 +254,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
             from ..linux import idmap
             _, uin, uout, gin, gout = plan.idmap
             idmap.write_single("self", uin, uout, gin, gout, plan.real_root)
-        if not ocisetup.runtime_hooks(plan):
+        if not (cs and cs.runtime_hooks(plan)):
             os.close(go_r)     # else kept for the hooks point
         # Not dumpable: the command cannot open /proc/1/exe, /proc/1/fd/* or
         # ptrace this process (CVE-2019-5736 class).  After the id maps, which
@@ -277,14 +284,14 @@ def run(plan, go_r, err_w, tty_sock, wait):
         os.close(rootfd)
         if plan.rootfs_propagation is not None:
             step = "setting the root's propagation"
-            ocisetup.root_propagation(plan)
+            cs.root_propagation(plan)
         tty_slave = None
         if tty_sock is not None:
             step = "allocating the terminal"
             tty_slave = _open_pty(tty_sock)
         if created:
             step = "waiting for start"
-            err_w = ocisetup.wait_start(plan, err_w, life, tty_slave)
+            err_w = cs.wait_start(plan, err_w, life, tty_slave)
         step = "starting the command"
         if created:
             # An OCI container's init becomes its workload (pid 1 of its pid
@@ -297,7 +304,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
         os.close(err_w)
         os.close(wdfd)
         if created:
-            ocisetup.release_stdio()
+            cs.release_stdio()
         if tty_slave is not None:
             os.close(tty_slave)
     except OSError as e:

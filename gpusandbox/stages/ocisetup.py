@@ -1,12 +1,14 @@
-"""The init's and the command's steps of the process and container settings
-an OCI config brings, each read from a plan field every door fills (hooks,
-domain name, sysctls, scheduling settings, stdio ownership), and the life
-of a created container (plan.oci: the wait for `start` on the exec fifo).
-Its mounts are plan.mounts, applied by stages/mountexec.py.
+"""The init's steps of the container settings an OCI config brings, each
+read from a plan field every door fills (hooks, domain name, sysctls, the
+root's propagation), and the life of a created container (plan.oci: the
+wait for `start` on the exec fifo).  Its mounts are plan.mounts, applied by
+stages/mountexec.py; the process's own settings (scheduling, stdio
+ownership, umask) are the command stage's (stages/command.py).  The init
+loads this module only for a plan with something for it
+(LaunchPlan.container_settings), before the pivot.
 """
 import errno
 import os
-import stat
 
 from ..linux import sys as k
 from . import channel
@@ -176,75 +178,6 @@ def _open_for_start(fifo):
             os.read(ino, 4096)
     finally:
         os.close(ino)
-
-
-def process_settings(ps):
-    """The config's scheduling settings (oci/configproc.py), while the command
-    stage still holds its capabilities (a real-time policy or I/O class
-    needs CAP_SYS_NICE / CAP_SYS_ADMIN); all survive the execve.  The
-    memory policy first: it applies to what the process allocates next."""
-    from ..linux import procsched
-    if ps.cpus_initial is not None:
-        procsched.set_affinity(ps.cpus_initial)
-    if ps.mempolicy is not None:
-        procsched.set_mempolicy(*ps.mempolicy)
-    if ps.ioprio is not None:
-        procsched.set_ioprio(ps.ioprio)
-    if ps.sched is not None:
-        procsched.set_scheduler(*ps.sched)
-    if ps.personality is not None:
-        procsched.set_personality(ps.personality)
-
-
-def before_privileges(plan):
-    """What the command stage does while it is still root: the process's
-    kernel settings (plan.proc_settings) and, for the OCI doors, its stdio
-    handed to its user (plan.stdio_owner: runc's and crun's rules)."""
-    if plan.proc_settings is not None:
-        process_settings(plan.proc_settings)
-    if plan.stdio_owner:
-        _chown_stdio(plan.cmd_uid, plan.cmd_gid)
-
-
-def _chown_stdio(uid, gid):
-    """The process's stdio (a pipe, a file, the pty) owned by its user, so
-    that it can reopen them through /proc/self/fd; /dev/null stays as it is.
-    Ids the user namespace does not map, or an owner it cannot change, leave
-    a descriptor as it was."""
-    for fd in (0, 1, 2):
-        try:
-            st = os.fstat(fd)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3):
-                continue
-            if (st.st_uid, st.st_gid) != (uid, gid):
-                os.fchown(fd, uid, gid)
-        except OSError:
-            continue
-
-
-def before_exec(plan):
-    """Process settings that apply to the command only."""
-    if plan.umask is not None:
-        os.umask(plan.umask)
-    ps = plan.proc_settings
-    if ps is not None and ps.cpus_final is not None:
-        # execCPUAffinity.final: the workload's own CPUs, set last so that the
-        # setup before it ran on the initial ones (runtime-spec config.md).
-        from ..linux import procsched
-        procsched.set_affinity(ps.cpus_final)
-
-
-def seccomp_early(plan):
-    """An OCI config with noNewPrivileges false and a seccomp filter: the
-    filter goes in before the capabilities are dropped, since without
-    no_new_privs the kernel installs one only for CAP_SYS_ADMIN
-    (seccomp(2)); the rest of the command stage then runs under it, as
-    runc's does.  Returns whether it was installed here."""
-    if plan.no_new_privs or plan.seccomp is None:
-        return False
-    from ..linux import seccomp
-    seccomp.install(plan.seccomp)
-    return True
 
 
 def release_stdio():

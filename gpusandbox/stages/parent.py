@@ -145,7 +145,11 @@ def launch(spec):
 
 def _exit_hooks(plan, status):
     """The site's exit hooks (sitehooks.py): a failure is a warning, the
-    command's status stands."""
+    command's status stands.  None without a site directory
+    (settings.configured)."""
+    from .. import settings
+    if not settings.configured():
+        return
     from .. import sitehooks
     if sitehooks.hooks() and not plan.host_root:
         sitehooks.exit_point(sitehooks.info(plan, "exit"), status,

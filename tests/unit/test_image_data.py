@@ -15,7 +15,8 @@ import pytest
 
 from gpusandbox import doctor, environ as envmod, plan
 from gpusandbox.errors import SandboxError
-from gpusandbox.gpu import carried, ceiling, inject, ldcache, require
+from gpusandbox import gpu
+from gpusandbox.gpu import ceiling, inject, ldcache, require
 from gpusandbox import isdigits, number
 
 CONFIG = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
@@ -193,7 +194,7 @@ def test_unicode_digit_library_names_and_typed_version_json_are_ignored(tmp_path
     root = str(tmp_path)
     _write(root, "/usr/lib/x86_64-linux-gnu/libcudart.so.1².0", b"")
     _write(root, "/usr/local/cuda/version.json", b'{"cuda": {"version": 12.4}}')
-    assert carried.image_cuda_version(root) is None
+    assert gpu.image_cuda_version(root) is None
 
 
 # --- ld.so.cache (C, F) ----------------------------------------------------------------
@@ -255,18 +256,19 @@ def test_toolkit_link_fan_out_is_bounded(tmp_path, monkeypatch):
     for n in range(300):
         os.symlink("/opt/one", os.path.join(root, f"usr/local/cuda-{n}"))
     calls = []
-    from gpusandbox.gpu import carried
-    real = carried._listdir_in_root
-    monkeypatch.setattr(carried, "_listdir_in_root",
+    from gpusandbox import gpu
+    real = gpu._listdir_in_root
+    monkeypatch.setattr(gpu, "_listdir_in_root",
                         lambda *a, **kw: calls.append(a[1]) or real(*a, **kw))
     reads = []
-    real_read = carried.lsys.read_in_root
-    monkeypatch.setattr(carried.lsys, "read_in_root",
+    from gpusandbox.linux import sys as lsys
+    real_read = lsys.read_in_root
+    monkeypatch.setattr(lsys, "read_in_root",
                         lambda *a, **kw: reads.append(a[1]) or real_read(*a, **kw))
-    carried.image_cuda_version(root)
+    gpu.image_cuda_version(root)
     # 7 library directories and /usr/local, at most 2 per looked-at toolkit.
-    assert len(calls) <= 8 + 2 * carried._MAX_TOOLKITS, len(calls)
-    assert len(reads) <= 2 + 2 * carried._MAX_TOOLKITS, len(reads)
+    assert len(calls) <= 8 + 2 * gpu._MAX_TOOLKITS, len(calls)
+    assert len(reads) <= 2 + 2 * gpu._MAX_TOOLKITS, len(reads)
 
 
 def test_links_to_one_toolkit_are_read_once(tmp_path):
@@ -278,7 +280,7 @@ def test_links_to_one_toolkit_are_read_once(tmp_path):
     os.makedirs(os.path.join(root, "usr/local"))
     for n in ("12.4", "12.1", "12.2"):
         os.symlink("/opt/one", os.path.join(root, f"usr/local/cuda-{n}"))
-    (major_minor, where) = carried.image_cuda_version(root)
+    (major_minor, where) = gpu.image_cuda_version(root)
     assert major_minor == (12, 1) and where.startswith("/usr/local/cuda-12.1/")
 
 

@@ -122,7 +122,10 @@ def test_run_system_mounts_then_binds_then_masks(tmp_path):
     steps = [e[1] for e in log if e[0] == "step"]
     assert steps == ["mounting /proc, /sys, /dev, /tmp, /run",
                      "mounting the GPU edits, -v/--mount and the config's mounts",
-                     "setting the container's kernel settings", "masking /proc and /sys paths"]
+                     "masking /proc and /sys paths"]
+    # A plain run has no kernel settings, hooks or OCI life: the init never
+    # loads stages/ocisetup.py for it (the launch's import count, issue 24).
+    assert not plan.container_settings()
     # The /dev links come with /dev, before anything of the plan's.
     links = [i for i, e in enumerate(log) if e[0] == "symlink"]
     assert [log[i][1] for i in links][:2] == ["/dev/ptmx", "/dev/fd"]

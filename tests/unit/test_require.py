@@ -5,7 +5,8 @@ import os
 import pytest
 
 from gpusandbox.errors import GpuError
-from gpusandbox.gpu import carried, require
+from gpusandbox import gpu
+from gpusandbox.gpu import require
 from tests.unit.gpu_fixtures import HAVE_GCC, HAVE_LDCONFIG, IS_ROOT, FakeDriver
 
 
@@ -259,13 +260,13 @@ def test_toolkit_version_json(tmp_path):
     _touch(root, "/usr/local/cuda-12.6/version.json",
            json.dumps({"cuda": {"name": "CUDA SDK", "version": "12.6.2"}}).encode())
     os.symlink("cuda-12.6", os.path.join(root, "usr/local/cuda"))
-    assert carried.image_cuda_version(root) == ((12, 6), "/usr/local/cuda/version.json")
+    assert gpu.image_cuda_version(root) == ((12, 6), "/usr/local/cuda/version.json")
 
 
 def test_toolkit_version_txt(tmp_path):
     root = str(tmp_path)
     _touch(root, "/usr/local/cuda/version.txt", b"CUDA Version 10.2.89\n")
-    assert carried.image_cuda_version(root)[0] == (10, 2)
+    assert gpu.image_cuda_version(root)[0] == (10, 2)
 
 
 def test_image_symlinks_cannot_point_the_scan_at_host_files(tmp_path):
@@ -276,7 +277,7 @@ def test_image_symlinks_cannot_point_the_scan_at_host_files(tmp_path):
     (root / "usr/local").mkdir(parents=True)
     # an absolute link in the image resolves inside the image, not on the host
     os.symlink(str(host_dir / "cuda"), str(root / "usr/local/cuda"))
-    assert carried.image_cuda_version(str(root)) is None
+    assert gpu.image_cuda_version(str(root)) is None
 
 
 def test_image_without_cuda_has_no_requirement(tmp_path):

@@ -1,0 +1,136 @@
+"""The launch path's lazy loads (issue 24, "A lean launch path"): each module
+left off a plain launch is left off by a check that sees everything the
+module would have acted on.  tests/integration/test_launch_imports.py counts
+the modules of a real launch; these tests hold each check to what it stands
+in for."""
+import os
+import sys
+import subprocess
+
+import pytest
+
+from gpusandbox import conffile, planfabric, settings
+from gpusandbox.fabric import discover
+from gpusandbox.plan import LaunchPlan
+from gpusandbox.spec import RunSpec
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# --- settings.configured: siterun, conffile and sitehooks --------------------------
+
+def _under(path, dirs):
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+@pytest.mark.parametrize("env", [
+    {"HOME": "/home/u"},
+    {"HOME": "/home/u", "XDG_CONFIG_HOME": "/xdg"},
+    {"HOME": "relative", "XDG_CONFIG_HOME": "/xdg"},
+])
+def test_every_settings_file_and_the_hooks_lie_in_a_directory_configured_checks(env):
+    dirs = settings.source_dirs(env)
+    paths = [settings.SYSTEM_FILE, settings.KEYS["hooks-dir"].default,
+             *conffile.site_files(conffile.SITE_DIR),
+             os.path.join(conffile.SITE_DIR, conffile.DROPIN_DIR, "x.conf")]
+    if conffile.user_file(env):
+        paths.append(conffile.user_file(env))
+    if env["HOME"].startswith("/"):
+        paths.append(os.path.join(env["HOME"], settings.USER_FILE))
+    assert [p for p in paths if not _under(p, dirs)] == []
+
+
+def test_configured_by_any_variable_or_any_source_directory(tmp_path):
+    home = tmp_path / "home"
+    env = {"HOME": str(home)}
+    # The machine's own /etc/gpusandbox decides for every caller: the check
+    # here is on the caller's part, so skip where the site has one.
+    if os.path.lexists("/etc/gpusandbox"):
+        pytest.skip("this machine has /etc/gpusandbox")
+    assert not settings.configured(env)
+    assert [type(s).__name__ for s in settings.sources(env)] == ["EnvSource"]
+    for var in settings.ENV_VARS:
+        assert settings.configured({**env, var: "x"}), var
+    assert not settings.configured({**env, "GPUSANDBOX_NETWORK": ""})
+    (home / ".config/gpusandbox").mkdir(parents=True)
+    assert settings.configured(env)
+    assert "TomlSource" in [type(s).__name__ for s in settings.sources(env)]
+    xdg = tmp_path / "xdg"
+    (xdg / "gpusandbox").mkdir(parents=True)
+    assert settings.configured({"XDG_CONFIG_HOME": str(xdg)})
+
+
+def test_an_unconfigured_run_reads_no_site_module(tmp_path):
+    """cli._site on a caller with no variable and no file: the spec is
+    untouched and neither siterun, conffile nor sitehooks is loaded."""
+    if os.path.lexists("/etc/gpusandbox"):
+        pytest.skip("this machine has /etc/gpusandbox")
+    code = ("import sys; from gpusandbox import cli; "
+            "spec = cli.parse_run_args(['/nonexistent', 'true']); cli._site(spec); "
+            "print(sorted(m for m in ('gpusandbox.siterun', 'gpusandbox.conffile', "
+            "'gpusandbox.sitehooks') if m in sys.modules), spec.binds, spec.env_set)")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=REPO)
+    assert out.stdout.strip() == "[] [] []", out.stderr
+    (tmp_path / ".config/gpusandbox").mkdir(parents=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=REPO)
+    assert out.stdout.startswith("['gpusandbox.conffile', 'gpusandbox.sitehooks', "
+                                 "'gpusandbox.siterun']"), out.stderr
+
+
+# --- planfabric.has_adapters: gpusandbox.fabric's discover, select, inject -----------
+
+def _sim(tmp_path, hcas, cxis=()):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n")
+    for name in hcas:
+        (tmp_path / "proc/sys/class/infiniband" / name / "ports/1").mkdir(parents=True)
+    for name in cxis:
+        (tmp_path / "proc/sys/class/cxi_user" / name).mkdir(parents=True)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("hcas,cxis", [([], []), (["mlx5_0"], []), (["mlx5_0", "mlx5_1"], []),
+                                       ([], ["cxi0"]), (["mlx5_0"], ["cxi0"])])
+def test_has_adapters_sees_what_discovery_sees(tmp_path, hcas, cxis):
+    root = _sim(tmp_path, hcas, cxis)
+    assert planfabric.has_adapters(root) == bool(discover.discover(root).nics())
+
+
+def test_has_adapters_without_a_sysfs_class(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n")
+    assert planfabric.has_adapters(str(tmp_path)) is False
+    assert discover.discover(str(tmp_path)).hcas == []
+
+
+# --- LaunchPlan.container_settings: stages/ocisetup.py -------------------------------
+
+def test_a_plain_plan_has_no_container_settings():
+    assert LaunchPlan(RunSpec()).container_settings() is False
+
+
+@pytest.mark.parametrize("field,value", [
+    ("oci", object()), ("hook_state", {"bundle": "/b"}), ("hooks", {"prestart": [{}]}),
+    ("hooks", {"createRuntime": [{}]}), ("domainname", "example"),
+    ("sysctl", (("kernel.msgmax", "4096"),)), ("rootfs_propagation", (0, False)),
+])
+def test_each_container_setting_loads_ocisetup(field, value):
+    plan = LaunchPlan(RunSpec())
+    setattr(plan, field, value)
+    assert plan.container_settings() is True
+
+
+# --- gpu/__init__.requirements: gpu/require.py --------------------------------------
+
+def test_what_the_image_asks_is_read_by_the_package_and_require_uses_it(tmp_path):
+    from gpusandbox import gpu
+    from gpusandbox.gpu import require
+    assert require.requirements is gpu.requirements and require.disabled is gpu.disabled
+    # An image that asks nothing: no requirement, so the plan skips the check.
+    assert gpu.requirements({}, str(tmp_path)) == []
+    assert gpu.requirements({"CUDA_VERSION": "12.4.1"}, None) == [
+        ("CUDA_VERSION=12.4.1", "cuda>=12.4")]
+    assert gpu.disabled({"NVIDIA_DISABLE_REQUIRE": "yes"})
