@@ -262,6 +262,9 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     from ..linux.cgroupres import from_oci
     x.limits = from_oci(_get(linux, "resources", dict, "linux", {}))
     x.cgroups_path = _get(linux, "cgroupsPath", str, "linux")
+    if x.cgroups_path and ".." in x.cgroups_path.split("/"):
+        raise _bad("linux.cgroupsPath", f"{x.cgroups_path!r}: '..' is not allowed",
+                   "give a path inside the cgroup hierarchy")
     sysctl = []
     for key, val in _get(linux, "sysctl", dict, "linux", {}).items():
         if not all(w and w.replace("_", "").replace("-", "").isalnum() for w in key.split(".")) \

@@ -230,7 +230,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         try:
             cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
                                 best_effort=True, name_prefix="gpusandbox-oci", detached=True,
-                                v1_all=True, v1_parent=_v1_parent(x.cgroups_path))
+                                v1_all=True, v1_parent=("/",),
+                                v1_path=_v1_path(x.cgroups_path))
         except SandboxError as e:
             if host_uid() == 0:
                 raise
@@ -317,16 +318,17 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
     return 0
 
 
-def _v1_parent(path):
-    """Where the container's cgroup v1 leaves go, as runc's and crun's
-    cgroupfs placement (not under the caller's cgroups): the parent of
-    linux.cgroupsPath when that is an absolute path whose parent exists in
-    the hierarchy (podman's /libpod_parent/libpod-ID), else the hierarchy's
-    root.  The leaf keeps this runtime's own name (the stale sweep's)."""
-    cands = []
-    if path and path.startswith("/") and ":" not in path:
-        cands.append(os.path.dirname(path.rstrip("/")) or "/")
-    return tuple(dict.fromkeys(cands + ["/"]))
+def _v1_path(path):
+    """Where the container's cgroup v1 leaves go: linux.cgroupsPath in each
+    hierarchy, as runc's and crun's cgroupfs placement (podman's
+    /libpod_parent/libpod-ID); a relative path under the hierarchy's root
+    (the spec leaves its base to the runtime; never under the caller's own
+    cgroups).  None (a leaf of this runtime's own name under the root) for a
+    config without one and for systemd's slice:prefix:name form."""
+    if not path or ":" in path:
+        return None
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    return "/".join(parts) or None      # config.py refused ".."
 
 
 def _remove_dir(d):
