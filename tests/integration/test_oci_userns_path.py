@@ -186,3 +186,35 @@ def test_rootless_joins_its_own_namespace_not_roots(work, rootfs, test_user, hol
         assert r.stdout.split() == [os.readlink(own.ns()), "0"]
     finally:
         own.close()
+
+
+def test_exec_joins_a_host_namespace_of_a_userns_container(work, rootfs):
+    """A container with a user namespace of its own whose network namespace
+    is one root made outside it, by path (a pod's, crun's
+    exec-root-netns-with-userns): `exec` joins that namespace before the
+    container's user namespace, with its own capabilities (runc's two
+    passes); joined after it, the kernel refuses (EPERM: the container's
+    root holds no capability over a namespace of the host's user namespace)."""
+    name = "userns-hostnet"
+    holder = subprocess.Popen(["unshare", "--net", "sh", "-c", "echo in; exec sleep 60"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "in\n"
+    net = f"/proc/{holder.pid}/ns/net"
+    rows = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    conf = _conf(rootfs, "exec sleep 60", ("pid", "ipc", "uts", "mount", "user"),
+                 uidMappings=rows, gidMappings=rows)
+    conf["linux"]["namespaces"].append({"type": "network", "path": net})
+    b = _bundle(work, name, conf)
+    try:
+        with open(b / "err", "w") as err:
+            r = subprocess.run([*_oci_argv(b), "create", "--bundle", str(b), name], stdout=err,
+                               stderr=err, timeout=60, cwd="/", stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, (b / "err").read_text()
+        assert _oci(b, "start", name).returncode == 0
+        r = _oci(b, "exec", name, "readlink", "/proc/self/ns/net")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == os.readlink(net)
+    finally:
+        _oci(b, "delete", "--force", name)
+        holder.kill()
+        holder.wait()
