@@ -124,9 +124,11 @@ def _own_userns(path, where):
         os.close(fd)
 
 
-def _joined_maps(linux, path):
-    """The maps of the user namespace at `path` (its own, not the config's:
-    runc refuses a config whose maps differ, and so does this)."""
+def _joined_maps(path):
+    """The maps of the user namespace at `path`: the container's.  The
+    config's uidMappings/gidMappings are not used (nothing is written to a
+    namespace that exists; podman's `--userns ns:PATH` sends a placeholder
+    0 0 1), as with runc."""
     try:
         maps = host.userns_maps(path)
     except host.NamespaceError as e:
@@ -136,13 +138,6 @@ def _joined_maps(linux, path):
         if not rows:
             raise _bad("linux.namespaces", f"the user namespace {path} has no {key[:3]} map yet",
                        "write its uid_map and gid_map before create")
-        given = linux.get(key)
-        if given:
-            want = [tuple(_get(r, f, int, f"linux.{key}") for f in ("containerID", "hostID", "size"))
-                    for r in given if isinstance(r, dict)]
-            if sorted(want) != sorted(rows):
-                raise _bad(f"linux.{key}", f"differs from the maps of the joined user namespace {path}",
-                           "leave it out, or give the namespace's own maps")
     return list(maps)
 
 
@@ -296,7 +291,7 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     req = OciRequest()
     req.flags, req.join, req.process = flags, join, pr
     user_path = dict(join).get("user")
-    req.idmaps = (_joined_maps(linux, user_path) if user_path else
+    req.idmaps = (_joined_maps(user_path) if user_path else
                   _idmaps(linux, uid, gid) if userns else None)
     req.seccomp = seccomp
     req.dev_rules = dev_rules
