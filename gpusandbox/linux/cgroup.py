@@ -75,6 +75,7 @@ class CgroupHandle:
         self.v1 = []             # cgroup v1 leaves of the limits (cgroupv1.py)
         self.v1_at = {}          # {v1 controller: its leaf}
         self.v1_view = []        # [(directory name, controllers)] of their hierarchies
+        self.v1_path = None      # the OCI runtime's cgroupsPath for them (prepare)
         self._fd = -1            # O_RDONLY fd of the leaf: bpf() refuses O_PATH fds
         self._prog_fd = -1
         self._reaper = -1        # write end of the reaper's pipe (reaper.py)
@@ -203,16 +204,19 @@ class CgroupHandle:
 # --- prepare ---------------------------------------------------------------------
 def prepare(parent=None, limits=None, device_rules=None, best_effort=False,
             name_prefix="gpusandbox", verbose=None, *, proc="/proc", detached=False,
-            v1_all=False, v1_parent=None):
+            v1_all=False, v1_parent=None, v1_path=None):
     """Create the sandbox's cgroup; see the module docstring.  Raises
     UsageError (bad limits or parent) or CgroupError; never leaves a partial
     setup behind.  detached: the leaf outlives this process (the OCI
     runtime's `create`, whose `delete` removes it), so no reaper is forked.
     v1_all, v1_parent: the OCI runtime's v1 placement (cgroupv1.plan: a
-    leaf in every v1 hierarchy; v1_parent overrides `parent` there)."""
+    leaf in every v1 hierarchy; v1_parent overrides `parent` there;
+    v1_path, a relative cgroup path: the v1 leaves are there under v1_parent,
+    made with the cgroups above them, or joined where they exist, as runc's
+    cgroupsPath)."""
     h = CgroupHandle(verbose)
     h.detached = detached
-    h.v1_all, h.v1_parent = v1_all, v1_parent
+    h.v1_all, h.v1_parent, h.v1_path = v1_all, v1_parent, v1_path
     try:
         _prepare(h, parent, limits, device_rules, best_effort, name_prefix, proc)
     except BaseException:

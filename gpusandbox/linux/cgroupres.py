@@ -22,6 +22,7 @@ The one table of what goes where:
 | --blkio-weight       | io.weight "default N"             | blkio.weight                    |
 | hugepage limits      | hugetlb.<size>.max                | hugetlb.<size>.limit_in_bytes   |
 | OOM killer disabled  | (none: cgroup v2 has no switch)   | memory.oom_control 1            |
+| memory.swappiness    | (none: cgroup v2 has no knob)     | memory.swappiness (0-100)       |
 
 blkio.weight missing on v1 (no CFQ/BFQ weight on the host's scheduler):
 blkio.bfq.weight instead, where BFQ has it (cgroupv1.write).
@@ -42,6 +43,7 @@ OPTION = {
     "cpuset.cpus": "--cpuset-cpus", "cpuset.mems": "--cpuset-mems",
     "io.weight": "--blkio-weight", "blkio.weight": "--blkio-weight",
     "memory.oom_control": "memory.disableOOMKiller",
+    "memory.swappiness": "memory.swappiness",
 }
 
 
@@ -71,7 +73,7 @@ class Limits:
     """Raw values; files(version) validates them."""
     __slots__ = ("memory", "memory_swap", "pids", "cpus", "memory_reservation", "cpu_shares",
                  "cpu_quota", "cpu_period", "cpuset_cpus", "cpuset_mems", "blkio_weight",
-                 "hugetlb", "oom_kill_disable")
+                 "hugetlb", "oom_kill_disable", "swappiness")
 
     def __init__(self, memory=None, memory_swap=None, pids=None, cpus=None, **more):
         self.memory, self.memory_swap, self.pids, self.cpus = memory, memory_swap, pids, cpus
@@ -124,6 +126,8 @@ class Limits:
                         _v(res, v1)))
         if self.oom_kill_disable and v1:
             out.append(("memory", "memory.oom_control", "1"))
+        if self.swappiness is not None and v1:
+            out.append(("memory", "memory.swappiness", str(self.swappiness)))
         if self.pids is not None:
             out.append(("pids", "pids.max", _pids(self.pids)))
         out += self._cpu(v1, current)
@@ -224,6 +228,12 @@ def from_oci(res, where="linux.resources"):
         raise UsageError(f"{where}.memory.disableOOMKiller: not a boolean ({oom!r})",
                          hint="give true or false")
     lim.oom_kill_disable = bool(oom)
+    swappiness = num(mem, "memory", "swappiness")
+    if swappiness is not None and swappiness != -1:     # -1: unset, as runc reads it
+        if not 0 <= swappiness <= 100:
+            raise UsageError(f"{where}.memory.swappiness: {swappiness} is not 0 to 100",
+                             hint="give a value from 0 to 100")
+        lim.swappiness = swappiness
     pids = num(sect("pids"), "pids", "limit")
     if pids:
         lim.pids = "max" if pids < 0 else str(pids)

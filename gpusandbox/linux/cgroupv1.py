@@ -115,9 +115,22 @@ def make(h, name, where, files, fail):
     recording it in h.v1 before the mkdir, and write the v1 `files` of its
     controllers; fail(CgroupError) reports a file that cannot be written."""
     for point, (pdir, ctls, every) in where.items():
-        leaf = os.path.join(pdir, name)
-        cgfs._mkdir(leaf)
-        h.v1.append(leaf)
+        if h.v1_path:
+            # The OCI runtime's cgroupsPath (runc's placement): the cgroups
+            # above made as needed and left, the leaf joined if it exists.
+            leaf = os.path.join(pdir, h.v1_path)
+            h.v1.append(leaf)
+            up = pdir
+            for part in h.v1_path.split("/"):
+                up = os.path.join(up, part)
+                if not os.path.isdir(up):
+                    cgfs._mkdir(up)
+                    if "cpuset" in ctls:
+                        _inherit_cpuset(up)
+        else:
+            leaf = os.path.join(pdir, name)
+            cgfs._mkdir(leaf)
+            h.v1.append(leaf)
         h.v1_view.append((os.path.basename(point), tuple(every)))
         for ctl in ctls:
             h.v1_at[ctl] = leaf

@@ -153,3 +153,79 @@ def join_ns(fds):
             k.syscall("setns", fd, NS_FLAGS[t])
         except OSError as e:
             raise NamespaceError(t, e) from None
+
+
+def same_ns(fd, t):
+    """Whether the namespace open at `fd` is the caller's own of type `t`."""
+    st = os.fstat(fd)
+    own = os.stat(f"/proc/self/ns/{NS_PROC[t]}")
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def join_ns_owned(fds):
+    """setns(2) into each of [(type, descriptor)], the user namespace among
+    them joined where it works (runc's two passes): each other one is tried
+    first with the caller's own capabilities; one that refuses (EPERM: owned
+    by the user namespace to join, which a user reaches only from inside it)
+    is joined again after the user namespace.  Namespaces the process then
+    makes belong to the joined user namespace.  NamespaceError as join_ns."""
+    user = [(t, fd) for t, fd in fds if t == "user"]
+    late = []
+    for t, fd in sorted(fds, key=lambda x: NS_RANK[x[0]]):
+        if t == "user":
+            continue
+        try:
+            join_ns([(t, fd)])
+        except NamespaceError as e:
+            if e.errno != 1 or not user:
+                raise
+            late.append((t, fd))
+    join_ns(user)
+    join_ns(late)
+
+
+def userns_maps(path):
+    """([uid rows], [gid rows]) of the user namespace at `path`, as ints
+    (container id, id of the caller's namespace, count), read from inside it
+    by a short-lived child (its maps are /proc/self/*_map there: no path
+    names them otherwise).  NamespaceError when it cannot be joined."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        raise NamespaceError("user", e) from None
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                try:
+                    join_ns([("user", fd)])
+                    out = "\0".join(" ".join(" ".join(row) for row in id_map(kind)) + " "
+                                     for kind in ("uid", "gid")).encode()
+                except NamespaceError as e:
+                    out = f"E{e.errno}".encode()
+                os.write(w, out)
+            finally:
+                os._exit(0)
+        os.close(w)
+        w = -1
+        data = b""
+        while chunk := os.read(r, 65536):
+            data += chunk
+        os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    if data[:1] == b"E" or not data:
+        err = int(data[1:] or 22)
+        raise NamespaceError("user", OSError(err, os.strerror(err)))
+    out = []
+    for part in data.decode().split("\0"):
+        v = [int(x) for x in part.split()]
+        out.append([tuple(v[i:i + 3]) for i in range(0, len(v) - 2, 3)])
+    return out[0], out[1]

@@ -19,6 +19,7 @@ import stat
 from . import fastjson as json
 from ..errors import UsageError
 from ..spec import RunSpec
+from ..linux import host
 from ..linux.host import NS_FLAGS, initial_userns
 from . import configmount
 from .confighost import _devices
@@ -77,9 +78,12 @@ def _namespaces(linux, real_root):
         seen.add(t)
         path = _get(ns, "path", str, where)
         if path:
-            if t == "user":
-                raise _bad(where, "joining an existing user namespace is not supported")
             # runc's rule: a path is joined, never made (create.py, setns(2)).
+            if t == "user" and _own_userns(path, where):
+                # The caller's own (rootless podman's): nothing to join, and
+                # no namespace of the container's: its ids are the caller's.
+                seen.add("own-user")
+                continue
             join.append((t, path))
         else:
             flags |= NS_FLAGS[t]
@@ -89,6 +93,10 @@ def _namespaces(linux, real_root):
     # procfs of the host's pid namespace, so a user namespace needs one).
     if "mount" not in seen:
         raise _bad("linux.namespaces", "no mount namespace: sharing the host's is not supported")
+    if "own-user" in seen:
+        seen.discard("user")
+        seen.discard("own-user")
+        real_root = True     # no namespace to make for a user: the caller's is the one
     if "pid" not in seen and "user" in seen:
         raise _bad("linux.namespaces", "a user namespace needs a pid namespace as well",
                    "a procfs of the host's pid namespace cannot be mounted in it")
@@ -103,6 +111,34 @@ def _namespaces(linux, real_root):
     if not any(t == "cgroup" for t, _ in join):
         flags |= NS_FLAGS["cgroup"]
     return flags, join, "user" in seen
+
+
+def _own_userns(path, where):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise _bad(where, f"cannot open the user namespace {path}: {e.strerror}") from None
+    try:
+        return host.same_ns(fd, "user")
+    finally:
+        os.close(fd)
+
+
+def _joined_maps(path):
+    """The maps of the user namespace at `path`: the container's.  The
+    config's uidMappings/gidMappings are not used (nothing is written to a
+    namespace that exists; podman's `--userns ns:PATH` sends a placeholder
+    0 0 1), as with runc."""
+    try:
+        maps = host.userns_maps(path)
+    except host.NamespaceError as e:
+        raise _bad("linux.namespaces", f"cannot join the user namespace {path}: {e.strerror}",
+                   "the path must name a user namespace this caller may enter") from None
+    for key, rows in zip(("uidMappings", "gidMappings"), maps):
+        if not rows:
+            raise _bad("linux.namespaces", f"the user namespace {path} has no {key[:3]} map yet",
+                       "write its uid_map and gid_map before create")
+    return list(maps)
 
 
 def _idmaps(linux, uid, gid):
@@ -221,6 +257,9 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
     from ..linux.cgroupres import from_oci
     x.limits = from_oci(_get(linux, "resources", dict, "linux", {}))
     x.cgroups_path = _get(linux, "cgroupsPath", str, "linux")
+    if x.cgroups_path and ".." in x.cgroups_path.split("/"):
+        raise _bad("linux.cgroupsPath", f"{x.cgroups_path!r}: '..' is not allowed",
+                   "give a path inside the cgroup hierarchy")
     sysctl = []
     for key, val in _get(linux, "sysctl", dict, "linux", {}).items():
         if not all(w and w.replace("_", "").replace("-", "").isalnum() for w in key.split(".")) \
@@ -251,7 +290,9 @@ def load(bundle, host_env, fifo=None, preserve_fds=0, config_path=None, cid=None
                       "bundle": bundle, "annotations": x.annotations}
     req = OciRequest()
     req.flags, req.join, req.process = flags, join, pr
-    req.idmaps = _idmaps(linux, uid, gid) if userns else None
+    user_path = dict(join).get("user")
+    req.idmaps = (_joined_maps(user_path) if user_path else
+                  _idmaps(linux, uid, gid) if userns else None)
     req.seccomp = seccomp
     req.dev_rules = dev_rules
     req.devices = _devices(linux, make=real_root and initial_userns())

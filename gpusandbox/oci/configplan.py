@@ -81,7 +81,8 @@ def identity(plan, req):
         plan.devpts_gid = 5
     else:
         uids, gids = req.idmaps
-        if not real_root and len(uids) == len(gids) == 1 and uids[0][1:] == \
+        joined = any(t == "user" for t, _ in req.join)
+        if not real_root and not joined and len(uids) == len(gids) == 1 and uids[0][1:] == \
                 (os.geteuid(), 1) and gids[0][1:] == (os.getegid(), 1):
             # The caller's own ids only: maps the init writes for itself, as
             # `run` does rootless (no newuidmap round trip).
@@ -89,6 +90,8 @@ def identity(plan, req):
             plan.userns = "single"
             plan.clear_groups = False
         else:
+            # A joined namespace's maps (config.py read them) are written
+            # already: `create` leaves them; the init switches to its root.
             plan.idmap = ("full", uids, gids)
             plan.userns = "subids"
             plan.clear_groups = True
@@ -174,7 +177,7 @@ def premake(plan, req):
     from ..edits import devices as device_ops
     made = req.devices[1]
     premade = None
-    if made and plan.clone_flags & NS_FLAGS["user"]:
+    if made and (plan.clone_flags & NS_FLAGS["user"] or any(t == "user" for t, _ in req.join)):
         from ..errors import SandboxError
         from ..linux.devnodes import premake_devices
         try:

@@ -52,7 +52,7 @@ def parent(cli):
         if os.path.exists(f"{TOP}/cpuset/{name}/{f}"):
             Path(f"{TOP}/cpuset/{name}/{f}").write_text(Path(f"{TOP}/cpuset/{f}").read_text())
     yield name
-    left = [f"{d}/{n}" for d in dirs for n in os.listdir(d) if n.startswith("gpusandbox")]
+    left = [f"{d}/{n}" for d in dirs for n in os.listdir(d) if n.startswith(LEAVES)]
     for d in dirs:
         for sub in sorted((t for t, _, _ in os.walk(d)), key=len, reverse=True):
             try:
@@ -69,10 +69,15 @@ def _in_parent(name, argv):
             'exec "$@"', "sh", *argv]
 
 
+# Leaves: `run`'s, named by gpusandbox; the OCI runtime's, at the config's
+# cgroupsPath (/PARENT/CID here, as runc and crun place them).
+LEAVES = ("gpusandbox", "gsbx-v1-", "gsbx-v1p-")
+
+
 def _leaf_files(name, ctl):
-    """{file: value} of the one gpusandbox leaf under `name` in `ctl`."""
+    """{file: value} of the one leaf under `name` in `ctl`."""
     base = f"{TOP}/{ctl}/{name}"
-    leaves = [n for n in os.listdir(base) if n.startswith("gpusandbox")]
+    leaves = [n for n in os.listdir(base) if n.startswith(LEAVES)]
     assert len(leaves) == 1, leaves
     return lambda f: Path(f"{base}/{leaves[0]}/{f}").read_text().strip()
 
@@ -169,7 +174,7 @@ def _oci(state_root, *args, stdin=None, wrap=None):
 def test_runtime_create_update_delete(cli, rootfs, parent, tmp_path):
     st = str(tmp_path / "state")
     cid = f"gsbx-v1-{uuid.uuid4().hex[:8]}"
-    # cgroupsPath's parent holds the v1 leaves (runc's cgroupfs placement);
+    # The v1 leaves are at cgroupsPath (runc's cgroupfs placement);
     # the cgroup2 leaf goes under the caller's cgroup, as before.
     b = _bundle(tmp_path / "b", rootfs, RESOURCES, cgroups_path=f"/{parent}/{cid}")
     r = _oci(st, "create", "--bundle", b, cid, wrap=lambda a: _in_parent(parent, a))
@@ -303,7 +308,8 @@ def test_podman_limits_and_update(cli, rootfs, tmp_path):
         cid = r.stdout.strip()
         state = json.loads(Path(f"/run/gpusandbox-oci/{cid}/state.json").read_text())
         leaves = state["cgroup_v1"]
-        assert leaves and all(os.path.isdir(p) and "/libpod_parent/gpusandbox-oci-" in p
+        # At the config's cgroupsPath, as runc's and crun's.
+        assert leaves and all(os.path.isdir(p) and p.endswith(f"/libpod_parent/libpod-{cid}")
                               for p in leaves), leaves
         show = ("cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
                 "/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us")

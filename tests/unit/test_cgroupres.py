@@ -154,3 +154,15 @@ def test_update_takes_runcs_cpu_share_spelling(monkeypatch):
     monkeypatch.setattr(state, "load", lambda root, cid: {"cgroup": "/u/l", "_dir": "/x"})
     monkeypatch.setattr(state, "alive", lambda st: True)
     assert upd.main_update("/r", ["--cpu-share", "300", "c1"]) == 0 and seen["s"] == "300"
+
+
+def test_swappiness_is_v1_only_and_checked():
+    """linux.resources.memory.swappiness (runtime-tools' linux_cgroups_memory):
+    memory.swappiness on cgroup v1, nothing on v2; -1 means unset (runc)."""
+    lim = from_oci({"memory": {"limit": 1 << 30, "swappiness": 10}})
+    assert ("memory", "memory.swappiness", "10") in lim.files(1)
+    assert [n for _, n, _ in lim.files(2)] == ["memory.max"]
+    assert from_oci({"memory": {"swappiness": -1}}).empty()
+    with pytest.raises(UsageError) as e:
+        from_oci({"memory": {"swappiness": 101}})
+    assert "swappiness: 101 is not 0 to 100" in e.value.line()

@@ -1,21 +1,19 @@
-"""`gpusandbox oci features`: what it announces is what create honours."""
-import io
+"""`gpusandbox-oci features` and `version` (issue 25): one spec version for
+both (runc's pair), the runtime's own version string in the annotations, and
+what the document lists is what config.py takes."""
 import json
-from contextlib import redirect_stdout
 
-from gpusandbox.oci.runtime import ops
-
-
-def _doc():
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        out = ops.features()
-    text = buf.getvalue() or (out if isinstance(out, str) else json.dumps(out))
-    return json.loads(text)
+from gpusandbox import __version__
+from gpusandbox.oci import config
+from gpusandbox.oci.runtime import cli, ops
 
 
-def test_every_hook_stage_the_runtime_runs_is_announced():
-    # createContainer and startContainer are run by the container's init
-    # (stages/ocisetup.py), the others by create, start and delete.
-    assert _doc()["hooks"] == ["prestart", "createRuntime", "createContainer",
-                               "startContainer", "poststart", "poststop"]
+def test_features_and_version_agree(capsys):
+    assert cli.main(["features"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ociVersionMax"] == ops.SPEC_VERSION
+    assert doc["annotations"] == {"io.gpusandbox.version": __version__}
+    assert sorted(doc["linux"]["namespaces"]) == sorted(config.NS_FLAGS)
+    assert cli.main(["--version"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"gpusandbox-oci version {__version__}", f"spec: {ops.SPEC_VERSION}"]

@@ -215,7 +215,7 @@ def _dispatch(cmd, rest, given_root, log):
         return ops.features()
     if cmd == "version":
         from ... import __version__
-        sys.stdout.write(f"gpusandbox-oci version {__version__}\nspec: 1.0.2\n")
+        sys.stdout.write(f"gpusandbox-oci version {__version__}\nspec: {ops.SPEC_VERSION}\n")
         return 0
     raise SandboxError(f"unknown command: {printable(cmd)}", None,
                        "run 'gpusandbox-oci --help' for the list of commands")

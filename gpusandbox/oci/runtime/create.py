@@ -80,6 +80,63 @@ class _Late:
             os.close(self.cwd)
 
 
+def _spawn_joined_userns(plan, cg, tty, wait, join):
+    """The init, cloned by a child of this process that first joins the
+    config's user namespace given by path, with its pid, cgroup and mount
+    namespaces given by path (host.join_ns_owned: runc's order).  setns(2)
+    of a user namespace is for good, and this process still needs its own
+    capabilities (the cgroup, the state directory): the child sends the
+    init's pid and the pipe ends back and exits; this process, a child
+    subreaper meanwhile, gets the init as its child.  Returns spawn_init's
+    (pid, go_w, err_r)."""
+    _import_socket()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    k.prctl(36, 1)      # PR_SET_CHILD_SUBREAPER
+    try:
+        mid = os.fork()
+        if mid == 0:
+            try:
+                ours.close()
+                _in_joined_userns(plan, cg, tty, wait, join, theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        try:
+            msg, fds, _, _ = socket.recv_fds(ours, 65536, 2)
+        finally:
+            os.waitpid(mid, 0)
+            ours.close()
+    finally:
+        k.prctl(36, 0)
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        what, why, hint, code = (msg.decode(errors="replace").split("\0") + [""] * 4)[:4]
+        raise SandboxError(what or "joining the user namespace: the helper process failed",
+                           why or None, hint or None, int(code) if code.isdigit() else 125)
+    # What spawn_init gives up in the launcher once the init holds it.
+    os.close(plan.rootfd)
+    if tty:
+        tty[1].close()
+    return int(msg), fds[0], fds[1]
+
+
+def _in_joined_userns(plan, cg, tty, wait, join, sock):
+    fds = []
+    try:
+        try:
+            for t, path in join:
+                fds.append((t, os.open(path, os.O_RDONLY | os.O_CLOEXEC)))
+            host.join_ns_owned(fds)
+        except OSError as e:
+            t = getattr(e, "ns", None) or t
+            raise SandboxError(f"joining the {t} namespace {dict(join)[t]}", e.strerror) from None
+        pid, _, go_w, err_r = parent.spawn_init(plan, cg, tty, wait)
+        socket.send_fds(sock, [str(pid).encode()], [go_w, err_r])
+    except SandboxError as e:
+        sock.send("\0".join((e.what, e.why or "", e.hint or "", str(e.code))).encode())
+
+
 def _rlimits(plan):
     import resource
     for res, soft, hard in plan.rlimits:
@@ -158,7 +215,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         site_exit = sitehooks.info(plan, "exit") \
             if sitehooks.hooks(log.warn) and not plan.host_root else None
         _rlimits(plan)
-        _setns([(t, p) for t, p in x.ns_join if t not in LATE])
+        _setns([(t, p) for t, p in x.ns_join if t not in LATE and t != "user"])
         if spec.hostname and any(t == "uts" for t, _ in x.ns_join):
             # A uts namespace given by path is the container's: its hostname
             # is set there (the init sets it only in a new one), as runc does.
@@ -173,7 +230,8 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         try:
             cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
                                 best_effort=True, name_prefix="gpusandbox-oci", detached=True,
-                                v1_all=True, v1_parent=_v1_parent(x.cgroups_path))
+                                v1_all=True, v1_parent=("/",),
+                                v1_path=_v1_path(x.cgroups_path))
         except SandboxError as e:
             if host_uid() == 0:
                 raise
@@ -188,10 +246,16 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
         v1_join = cg.needs_join
         wait = bool(plan.idmap and plan.idmap[0] == "full") or v1_join
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        with _Late(x.ns_join):
-            pid, _, go_w, err_r = parent.spawn_init(plan, cg, tty, wait)
+        joined_user = any(t == "user" for t, _ in x.ns_join)
+        if joined_user:
+            pid, go_w, err_r = _spawn_joined_userns(
+                plan, cg, tty, wait, [(t, p) for t, p in x.ns_join if t in LATE + ("user",)])
+        else:
+            with _Late(x.ns_join):
+                pid, _, go_w, err_r = parent.spawn_init(plan, cg, tty, wait)
         child = pid
-        parent._write_maps(plan, pid)
+        if not joined_user:     # a joined namespace's maps are its own
+            parent._write_maps(plan, pid)
         if v1_join:
             cg.join(pid)
         if wait:
@@ -254,16 +318,17 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
     return 0
 
 
-def _v1_parent(path):
-    """Where the container's cgroup v1 leaves go, as runc's and crun's
-    cgroupfs placement (not under the caller's cgroups): the parent of
-    linux.cgroupsPath when that is an absolute path whose parent exists in
-    the hierarchy (podman's /libpod_parent/libpod-ID), else the hierarchy's
-    root.  The leaf keeps this runtime's own name (the stale sweep's)."""
-    cands = []
-    if path and path.startswith("/") and ":" not in path:
-        cands.append(os.path.dirname(path.rstrip("/")) or "/")
-    return tuple(dict.fromkeys(cands + ["/"]))
+def _v1_path(path):
+    """Where the container's cgroup v1 leaves go: linux.cgroupsPath in each
+    hierarchy, as runc's and crun's cgroupfs placement (podman's
+    /libpod_parent/libpod-ID); a relative path under the hierarchy's root
+    (the spec leaves its base to the runtime; never under the caller's own
+    cgroups).  None (a leaf of this runtime's own name under the root) for a
+    config without one and for systemd's slice:prefix:name form."""
+    if not path or ":" in path:
+        return None
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    return "/".join(parts) or None      # config.py refused ".."
 
 
 def _remove_dir(d):

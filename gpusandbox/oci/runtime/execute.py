@@ -187,7 +187,10 @@ def _join(st, plan, nsfds, pid_w, err_w, console):
                 f.write("0")
         step = "joining the container's namespaces"
         try:
-            host.join_ns(nsfds)
+            # runc's two passes: a namespace the container's user namespace
+            # does not own (a network namespace joined by path, the host's)
+            # is joined before it, with this process's own capabilities.
+            host.join_ns_owned(nsfds)
         except host.NamespaceError as e:
             step = f"joining the container's {host.NS_PROC[e.ns]} namespace"
             raise

@@ -310,10 +310,18 @@ def list_cmd(root, fmt, quiet):
     return 0
 
 
+# The runtime spec version this runtime implements: `features`'s
+# ociVersionMax and `version`'s "spec:" line (runc's pair: the spec it
+# vendors).  config.json of any 1.x is read; fields of later versions that
+# gpusandbox cannot honour are refused by name (config.py).
+SPEC_VERSION = "1.1.0"
+
+
 def features():
+    from ... import __version__
     from .. import config as c
     from ..configmount import FLAG_OPTS
-    doc = {"ociVersionMin": "1.0.0", "ociVersionMax": "1.1.0",
+    doc = {"ociVersionMin": "1.0.0", "ociVersionMax": SPEC_VERSION,
            "hooks": ["prestart", "createRuntime", "createContainer", "startContainer",
                      "poststart", "poststop"],
            "mountOptions": sorted(FLAG_OPTS),
@@ -328,6 +336,8 @@ def features():
                                                "SCMP_CMP_EQ", "SCMP_CMP_GE", "SCMP_CMP_GT",
                                                "SCMP_CMP_MASKED_EQ"]},
                      "apparmor": {"enabled": False}, "selinux": {"enabled": False}},
-           "annotations": {"org.opencontainers.runc.version": "gpusandbox"}}
+           # The runtime's own version (runc reports its own under its key;
+           # this is not runc).
+           "annotations": {"io.gpusandbox.version": __version__}}
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     return 0
