@@ -31,6 +31,7 @@ _SPEC = {
     "shm-size": ("shm_size", None), "store": ("store", None),
     "driver-root": ("driver_root", None), "dev-root": ("dev_root", None),
     "mount-home": ("mount_home", None),
+    "fabric": ("fabric", None), "fabric-libs": ("fabric_libs", None), "mpi": ("mpi", None),
 }
 # upper bound -> (RunSpec attribute, option)
 _BOUNDS = {"max-shm-size": ("shm_size", "--shm-size"), "max-memory": ("memory", "--memory"),

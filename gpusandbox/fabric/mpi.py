@@ -5,12 +5,13 @@ The MPICH ABI (MPICH >= 3.1, Intel MPI >= 5.0, Cray MPT >= 7.0, MVAPICH2 >=
 2.0) names its libraries libmpi.so.12 or libmpich.so.12 (and the C++ and
 Fortran companions): a program linked against any of them runs on another
 member of the family with the same SONAME major.  The host's libraries are
-the site's (GPUSANDBOX_MPI_LIBS, colon-separated host paths, until the
-settings file names them), else the host loader cache's MPICH-ABI
+the site's (the mpi-libs setting: a site file or GPUSANDBOX_MPI_LIBS,
+colon-separated host paths), else the host loader cache's MPICH-ABI
 libraries.  Each image library of the same family is replaced when the
 majors agree; a major that differs (Open MPI's libmpi.so.40) refuses the
 launch, as does an image with no MPI library at all.  Strictness
-(GPUSANDBOX_MPI_COMPAT, Sarus's MPI_COMPATIBILITY_TYPE): major (default),
+(the mpi-compat setting, GPUSANDBOX_MPI_COMPAT; Sarus's
+MPI_COMPATIBILITY_TYPE): major (default),
 full (the host's minor must be at least the image's, else a warning),
 strict (the same full version)."""
 import os
@@ -35,14 +36,24 @@ def _num(parts):
     return [int(p) if p.isdigit() else 0 for p in parts]
 
 
+def _setting(name, caller_env):
+    """A setting (settings.KEYS: its variable in the caller's environment,
+    the user's and the site's files; a site lock holds), and where it came
+    from."""
+    from .. import settings
+    s = settings.Settings(caller_env)
+    value, where = s.lookup(name)
+    return value, where or "the default"
+
+
 def host_mpi(caller_env, host):
     """[host path] of the host's MPI libraries."""
-    site = caller_env.get("GPUSANDBOX_MPI_LIBS")
+    site, where = _setting("mpi-libs", caller_env)
     if site:
         paths = [p for p in site.split(":") if p]
         for p in paths:
             if not os.path.isfile(p):
-                raise LibError(f"GPUSANDBOX_MPI_LIBS: {p}", "no such file",
+                raise LibError(f"mpi-libs ({where}): {p}", "no such file",
                                "name the host's MPI libraries (libmpi.so.12 ...)")
         return paths
     out = [host[n] for n in sorted(host) if _split(n)[0] in FAMILY and
@@ -57,9 +68,7 @@ def host_mpi(caller_env, host):
 def add_mpi(plan, rootfd, inj, host, image, caller_env):
     """Add the host's MPI to `inj` under the image's names; raise LibError
     with the mismatch."""
-    compat = caller_env.get("GPUSANDBOX_MPI_COMPAT", "major")
-    if compat not in COMPAT:
-        raise LibError(f"GPUSANDBOX_MPI_COMPAT={compat}", "expected major, full or strict")
+    compat, _ = _setting("mpi-compat", caller_env)
     replaced = 0
     for hp in host_mpi(caller_env, host):
         d = elf.read(hp)

@@ -263,7 +263,7 @@ def test_docs_slurm_cluster_example_loads(tmp_path, site):
     values = {name: s.get(name) for name in settings.KEYS}
     assert s.warnings() == []
     assert (values["network"], values["mount-home"], values["shm-size"]) == ("host", True, "8g")
-    assert set(s.locks()) == {"network", "seccomp"}
+    assert set(s.locks()) == {"network", "seccomp", "mpi-libs"}
     assert [m["source"] for m in values["mounts"]][:2] == ["/lustre/scratch/{user}",
                                                            "/local/jobs/{job}"]
     spec = RunSpec()
@@ -339,3 +339,25 @@ def test_symlinked_user_file_is_read_and_its_target_checked(tmp_path, site):
     os.chmod(real, 0o666)
     s = _settings(tmp_path, site)
     assert s.get("network") is None and "mode 0666" in s.warnings()[0]
+
+
+def test_fabric_and_mpi_defaults_from_the_site(tmp_path, site):
+    """A site's fabric, fabric-libs and mpi are run's defaults (the command
+    line still wins); mpi-libs, locked, ignores the caller's variable, and the
+    host MPI it names is what --mpi host injects (fabric/mpi.host_mpi)."""
+    lib = tmp_path / "libmpi.so.12"
+    lib.write_bytes(b"")
+    _write(site / "gpusandbox.conf",
+           f'fabric = "none"\nfabric-libs = "host"\nmpi = "host"\nmpi-libs = "{lib}"\n'
+           'mpi-compat = "full"\nlock = ["mpi-libs"]\n')
+    s = _settings(tmp_path, site, {"GPUSANDBOX_MPI_LIBS": "/elsewhere/libmpi.so.12"})
+    spec = RunSpec()
+    spec.mpi = "image"
+    siterun.apply(spec, s, IDS)
+    assert (spec.fabric, spec.fabric_libs, spec.mpi) == ("none", "host", "image")
+    assert s.lookup("mpi-libs") == (str(lib), f"{site}/gpusandbox.conf:4")
+    assert any("mpi-libs is locked" in w for w in s.warnings())
+    with pytest.raises(UsageError) as e:
+        _write(site / "gpusandbox.conf", 'mpi-compat = "loose"\n')
+        _settings(tmp_path, site).lookup("mpi-compat")
+    assert "mpi-compat" in e.value.line()
