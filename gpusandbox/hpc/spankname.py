@@ -18,11 +18,14 @@ later one, or the tasks of an earlier one that lost it, stop with one line.
 The container is per user (the directory is the user's) and per directory:
 keep GPUSANDBOX_CONTAINERS node-local for a step that spans nodes.
 
-pyxis's `NAME:FLAG` forms: auto (the default) takes the container, created
-on first use; create refuses a NAME that exists; exec wants a container that
-a running step holds, whose namespaces pyxis joins (gpusandbox does not join
-a running sandbox: one clear line either way); no_exec never joins, which
-here is auto (a running step's container is refused, one writer)."""
+pyxis's `NAME:FLAG` forms: auto (the default) joins the container while
+another step of the job runs in it, else takes it, created on first use;
+create refuses a NAME that exists; exec joins a running one and refuses
+one that is not; no_exec never joins (a running step's container is then
+refused, one writer).  Joining (holder() here, spanktask.join_step) enters
+the sandbox of the step that holds the container as `gpusandbox exec
+--job` does; the joining step takes no lock: its processes live in the
+holder's sandbox, and end with it."""
 import fcntl
 import os
 import shutil
@@ -63,11 +66,20 @@ def step_id(env):
     return f"{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', 'batch')}"
 
 
-def _lock(env, name, how):
+def _open_lock(env, name):
     top = root(env)
-    os.makedirs(top, mode=0o700, exist_ok=True)
-    fd = os.open(os.path.join(top, name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-                 | os.O_NOFOLLOW, 0o600)
+    try:
+        os.makedirs(top, mode=0o700, exist_ok=True)
+        return os.open(os.path.join(top, name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+                       | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise UsageError(f"--container-name={name}: cannot open the container's lock in {top}",
+                         e.strerror, "named containers are per user: give a directory of "
+                         "yours in GPUSANDBOX_CONTAINERS") from None
+
+
+def _lock(env, name, how):
+    fd = _open_lock(env, name)
     try:
         fcntl.flock(fd, how | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -75,6 +87,38 @@ def _lock(env, name, how):
         raise UsageError(f"--container-name={name}: the container is in use by another step",
                          None, "wait for that step to end, or give another name") from None
     return fd
+
+
+def _owner(env, name):
+    try:
+        with open(os.path.join(root(env), name + ".owner")) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def holder(env, name):
+    """The step id (digits) of another step of this job whose tasks run in
+    NAME on this node, or None: NAME's owner is JOB.STEP of this job, not
+    this step, and its lock is held (probed exclusively only then, so the
+    tasks of the step that owns it never meet the probe).  A container held
+    by a step of another job is never joined (its sandbox is in that job's
+    cgroup)."""
+    check_name(name)
+    job, dot, step = _owner(env, name).partition(".")
+    if not (dot and job == env.get("SLURM_JOB_ID") and step.isdigit()
+            and f"{job}.{step}" != step_id(env)):
+        return None
+    if not os.path.exists(os.path.join(root(env), name + ".lock")):
+        return None
+    fd = _open_lock(env, name)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None                     # nobody runs in it (closing the fd releases it)
+    except BlockingIOError:
+        return step
+    finally:
+        os.close(fd)
 
 
 def take(env, name, materialize, flag="auto"):
@@ -92,10 +136,10 @@ def take(env, name, materialize, flag="auto"):
         fd = _lock(env, name, fcntl.LOCK_EX)
     except UsageError:
         if flag == "exec":
-            raise UsageError(f"--container-name={name}:exec: joining a running container "
-                             "is not supported", "gpusandbox runs each step in a sandbox "
-                             "of its own", f"wait for the step that runs in {name} to "
-                             "end, then name it without :exec") from None
+            raise UsageError(f"--container-name={name}:exec: the container runs in step "
+                             f"{_owner(env, name) or '(unknown)'}, not a step of this job",
+                             None, "join it from its own job (srun --overlap --jobid "
+                             "JOB), or wait for that step to end") from None
         raise
     if flag == "exec":
         os.close(fd)
@@ -129,11 +173,7 @@ def enter(env, name):
     check_name(name)
     fd = _lock(env, name, fcntl.LOCK_SH)
     top = root(env)
-    try:
-        with open(os.path.join(top, name + ".owner")) as f:
-            owner = f.read().strip()
-    except OSError:
-        owner = ""
+    owner = _owner(env, name)
     if owner != step_id(env):
         os.close(fd)
         raise UsageError(f"--container-name={name}: the container was taken by step "

@@ -193,6 +193,14 @@ def prepare(env):
         return
     from . import spankname
     name, flag = spankname.split(value)
+    step = spankname.holder(env, name) if flag in ("auto", "exec") else None
+    if step is not None:
+        if save:
+            raise UsageError(f"--container-save: the container {name} runs in step "
+                             f"{env.get('SLURM_JOB_ID')}.{step}, which this step would join",
+                             None, "save it from that step, or once it has ended")
+        join_target(env, step)       # found now: a failure is one line before the tasks
+        return
 
     def make(tmp):
         if not image:
@@ -200,6 +208,47 @@ def prepare(env):
                              f"create it: --container-image=IMAGE --container-name={name}")
         materialize(image, tmp)
     spankname.take(env, name, make, flag)
+
+
+# Options that choose how a container's sandbox is made: a step that joins
+# a running one takes it as it is (pyxis: "ignoring --container-mounts").
+# The entrypoint and --container-writable never apply to a named container.
+_MADE = (("IMAGE", "--container-image"), ("MOUNTS", "--container-mounts"),
+         ("MOUNT_HOME", "--container-mount-home"), ("REMAP_ROOT", "--container-remap-root"),
+         ("UNSHARE", "--container-unshare"))
+
+
+def join_target(env, step):
+    """The live record of step `step` of this job on this node whose
+    sandbox holds the named container (its lowest rank here), found as
+    `gpusandbox exec --job` finds it: the caller's own."""
+    from ..live.cli import slurm_record
+    return slurm_record(env.get("SLURM_JOB_ID"), step, None, lowest=True)
+
+
+def join_step(env, name, step, argv0, args):
+    """Run this task's command in the running sandbox of step `step` that
+    holds the named container: live's join (live/join.py), from the
+    settings that sandbox's launcher recorded, so never with more than its
+    command has.  This process stays the task (Slurm's pid, its stdio);
+    it forwards HUP INT QUIT USR1 USR2 TERM and returns the command's
+    status.  --container-workdir and --container-env apply; so do the
+    job's variables of this step (SLURM_*, PMI*, ...: environ's rule)."""
+    from ..environ import JOB_PREFIXES, NEVER_PASS
+    ignored = [opt for var, opt in _MADE if env.get(PREFIX + var) not in (None, "", "0")]
+    if ignored:
+        sys.stderr.write(f"gpusandbox: warning: joining the running container {name} "
+                         f"(step {env.get('SLURM_JOB_ID')}.{step}): ignoring "
+                         f"{', '.join(ignored)}\n")
+    rec = join_target(env, step)
+    wanted = [k for k in env if k.startswith(JOB_PREFIXES) and k not in NEVER_PASS]
+    wanted += [n for n in (env.get(PREFIX + "ENV") or "").split(",") if n]
+    workdir = env.get(PREFIX + "WORKDIR") or None
+    host_env = {k: v for k, v in env.items() if not k.startswith(PREFIX)}
+    from ..live import join
+    tty = os.isatty(0)
+    plan = join.make_plan(rec, [argv0, *args], wanted, workdir, tty, host_env)
+    return join.run(rec, plan, tty)
 
 
 def main(argv=None):
@@ -231,8 +280,15 @@ def main(argv=None):
                           "this program is started by the gpusandbox SPANK plugin only")
         container = None
         if env.get(PREFIX + "NAME"):
-            from .spankname import enter, split
-            container = enter(env, split(env[PREFIX + "NAME"])[0])  # held while we live
+            from .spankname import enter, holder, split
+            name, flag = split(env[PREFIX + "NAME"])
+            step = holder(env, name) if flag in ("auto", "exec") else None
+            if step is not None:
+                return join_step(env, name, step, argv0, argv)
+            if flag == "exec":
+                raise Refused(f"--container-name={name}:exec: the container is not running",
+                              "start a step in it first, or name it without :exec")
+            container = enter(env, name)            # held while we live
         elif env.get(PREFIX + "SAVE"):
             from .spanksave import step_container
             container = step_container(env)         # the step's own, made before the tasks

@@ -153,10 +153,11 @@ def exec_parser():
     return p
 
 
-def _slurm_target(job, step, rank):
+def _slurm_target(job, step, rank, lowest=False):
     """The record of the running sandbox of Slurm task (job, step, rank)
     among the caller's on this node; one line naming what is missing or
-    ambiguous otherwise."""
+    ambiguous otherwise (`lowest`: several ranks are no ambiguity, the
+    lowest is taken)."""
     for what, v in (("--job", job), ("--step", step), ("--rank", rank)):
         if v is not None and not (v.isdigit() and len(v) <= 20):
             raise UsageError(f"invalid {what} {printable(v)!r}", "not a number", None)
@@ -186,6 +187,8 @@ def _slurm_target(job, step, rank):
     if len(steps) > 1:
         raise UsageError(f"{what} has sandboxes in steps {', '.join(steps)} on this node",
                          None, "choose one with --step")
+    if len(rows) > 1 and lowest:
+        rows = [min(rows, key=lambda r: int(r["slurm"].get("rank")))]
     if len(rows) > 1:
         ranks = sorted((r["slurm"].get("rank") for r in rows), key=int)
         raise UsageError(f"{what} has ranks {', '.join(ranks)} on this node", None,
@@ -234,6 +237,22 @@ def _become(uid):
     os.environ["HOME"] = home
 
 
+def slurm_record(job, step=None, rank=None, lowest=False):
+    """The record of a running Slurm task's sandbox on this node, found as
+    `exec --job` finds it (also the SPANK plugin's join of a running named
+    container, hpc/spanktask.py): among the caller's own; real root finds a
+    user's by becoming that user for good first, never entering as root."""
+    try:
+        return _slurm_target(job, step, rank, lowest)
+    except SandboxError:
+        # Real root may enter a user's job: as that user, never as root.
+        owner = _owner_of_job(job, step, rank) if os.geteuid() == 0 else None
+        if owner is None:
+            raise
+        _become(owner)
+        return _slurm_target(job, step, rank, lowest)
+
+
 def main_exec(argv):
     a = exec_parser().parse_args(argv)
     words = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -260,15 +279,7 @@ def main_exec(argv):
         raise UsageError(f"invalid --workdir {printable(a.workdir)!r}", "not an absolute path",
                          "example: -w /workspace")
     if slurm:
-        try:
-            rec = _slurm_target(job, a.step, a.rank)
-        except SandboxError:
-            # Real root may enter a user's job: as that user, never as root.
-            owner = _owner_of_job(job, a.step, a.rank) if os.geteuid() == 0 else None
-            if owner is None:
-                raise
-            _become(owner)
-            rec = _slurm_target(job, a.step, a.rank)
+        rec = slurm_record(job, a.step, a.rank)
     else:
         pfd, rec = _find(words[0])
         os.close(pfd)

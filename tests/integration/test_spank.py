@@ -408,3 +408,94 @@ def test_sbatch_container_save(tb, sqsh, workdir_base):
     assert rec["ExitCode"] == "0:0", (out / "log").read_text()
     r = srun(tb, [f"--container-image={saved}", "cat", "/state"])
     assert (r.returncode, r.stdout) == (0, "batch\n"), r.stderr
+
+
+@pytest.mark.parametrize("mode", ["root", "user"])
+def test_join_a_running_named_container(tb, rootfs, workdir_base, test_user, attack_user, mode):
+    """pyxis's join: while a step of the job runs in NAME, `srun --overlap
+    --container-name=NAME:exec` (and a plain NAME) runs in that step's
+    sandbox: its writable root, its pid namespace, the submitting user's
+    identity; no_exec never joins; another user cannot."""
+    user = test_user if mode == "user" else None
+    store = workdir_base / f"spank-join-{mode}"
+    store.mkdir()
+    os.chmod(store, 0o700)
+    if user:
+        os.chown(store, user.pw_uid, user.pw_gid)
+    env = {"GPUSANDBOX_CONTAINERS": str(store), "GPUSANDBOX_DRIVER_ROOT": tb.sim_dir}
+    p = tb.srun_bg([f"--container-image={rootfs}", "--container-name=w",
+                    f"--container-mounts={store}:/out", "sh", "-c",
+                    "echo first > /inroot; readlink /proc/self/ns/pid > /out/ns; "
+                    "echo $SLURM_JOB_ID > /out/job; exec sleep 120"], user=user, env=env)
+    job = None
+    try:
+        end = time.monotonic() + 60
+        while not (store / "job").exists() or not (store / "job").read_text().strip():
+            assert time.monotonic() < end and p.poll() is None, \
+                p.stderr.read() if p.poll() is not None else "never ready"
+            time.sleep(0.1)
+        job = (store / "job").read_text().strip()
+        first_ns = (store / "ns").read_text().strip()
+        cmd = ["sh", "-c", "cat /inroot; readlink /proc/self/ns/pid; id -u; "
+               "echo $SLURM_STEP_ID; exit 7"]
+        uid = str(user.pw_uid if user else 0)
+        for flag in (":exec", ""):
+            r = srun(tb, ["--overlap", "--jobid", job, "-n1", f"--container-name=w{flag}",
+                          *cmd], user=user, env=env)
+            assert r.returncode == 7, r.stderr
+            out = r.stdout.split()
+            assert out[:3] == ["first", first_ns, uid] and out[3] != "0", r.stdout
+            assert "gpusandbox: error" not in r.stderr, r.stderr
+        # The joining step's task stays what Slurm signals: scancel's TERM
+        # reaches the joined command, whose status is the step's.
+        j = tb.srun_bg(["--overlap", "--jobid", job, "-n1", "--container-name=w:exec", "sh",
+                        "-c", "echo $SLURM_STEP_ID > /out/step; exec sleep 97"], user=user,
+                       env=env)
+        end = time.monotonic() + 60
+        while not (store / "step").exists() or not (store / "step").read_text().strip():
+            assert time.monotonic() < end and j.poll() is None, \
+                j.stderr.read() if j.poll() is not None else "never joined"
+            time.sleep(0.1)
+        joined = f"{job}.{(store / 'step').read_text().strip()}"
+        assert tb.run(["scancel", "--signal=TERM", joined], user=user).returncode == 0
+        j.communicate(timeout=30)
+        assert j.returncode == 128 + signal.SIGTERM, j.returncode
+
+        def sleeping():
+            out = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        out.append(f.read())
+                except OSError:
+                    pass
+            return b"sleep\x0097\x00" in out
+        end = time.monotonic() + 10
+        while sleeping() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not sleeping()
+        # Options that make a container are ignored, with one warning line.
+        r = srun(tb, ["--overlap", "--jobid", job, "-n1", "--container-name=w",
+                      f"--container-mounts={store}:/elsewhere", "sh", "-c",
+                      "test -e /elsewhere || cat /inroot"], user=user, env=env)
+        assert (r.returncode, r.stdout) == (0, "first\n"), r.stderr
+        assert "ignoring --container-mounts" in r.stderr
+        # no_exec never joins: one writer, one line.
+        r = srun(tb, ["--overlap", "--jobid", job, "-n1", "--container-name=w:no_exec",
+                      "true"], user=user, env=env)
+        errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
+        assert r.returncode == 125 and len(errs) == 1 and "in use by another step" in errs[0], \
+            r.stderr
+        # Another user: Slurm refuses a step in the job; in a job of their own,
+        # the store is not theirs.
+        r = srun(tb, ["--overlap", "--jobid", job, "-n1", "--container-name=w:exec", "id"],
+                 user=attack_user, env=env)
+        assert r.returncode != 0 and "uid=" not in r.stdout
+        r = srun(tb, ["--container-name=w:exec", "id"], user=attack_user, env=env)
+        errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
+        assert r.returncode == 125 and len(errs) == 1 and "uid=" not in r.stdout, r.stderr
+    finally:
+        if job:
+            tb.scancel(job)
+        p.kill()
+        p.communicate(timeout=30)

@@ -92,6 +92,31 @@ def test_exec_flag_wants_a_running_container(tmp_path):
         sn.take(env(tmp_path), "a", fill, "exec")
     assert os.listdir(tmp_path / "c") == []         # nothing made
     sn.take(env(tmp_path, "0"), "a", fill)
-    sn.enter(env(tmp_path, "0"), "a")               # step 0 runs in it
-    with pytest.raises(UsageError, match="joining a running container is not supported"):
-        sn.take(env(tmp_path, "1"), "a", fill, "exec")
+    assert sn.holder(env(tmp_path, "1"), "a") is None   # taken, but no task runs in it
+    assert sn.enter(env(tmp_path, "0"), "a")        # step 0 runs in it
+
+
+def test_holder_is_a_running_step_of_the_job(tmp_path):
+    """Step 1 of the job joins the container step 0's tasks run in; step 0's
+    own tasks, and a step of another job, do not."""
+    sn.take(env(tmp_path, "0"), "a", fill)
+    sn.enter(env(tmp_path, "0"), "a")               # step 0's task holds it
+    assert sn.holder(env(tmp_path, "1"), "a") == "0"
+    assert sn.holder(env(tmp_path, "0"), "a") is None
+    assert sn.enter(env(tmp_path, "0"), "a")        # the probe never stops a sibling task
+    other = dict(env(tmp_path, "1"), SLURM_JOB_ID="8")
+    assert sn.holder(other, "a") is None
+    with pytest.raises(UsageError, match="a:exec: the container runs in step 7.0, not a "
+                                         "step of this job"):
+        sn.take(other, "a", fill, "exec")
+    assert sn.holder(env(tmp_path, "1"), "absent") is None
+    assert sorted(os.listdir(tmp_path / "c")) == ["a", "a.lock", "a.owner"]
+
+
+def test_another_users_store_is_one_line(tmp_path):
+    top = tmp_path / "c"
+    top.mkdir()
+    (top / "a.lock").mkdir()                        # cannot be opened as the lock
+    (top / "a.owner").write_text("7.0\n")
+    with pytest.raises(UsageError, match="cannot open the container's lock"):
+        sn.holder(env(tmp_path, "1"), "a")
