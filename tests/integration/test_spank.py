@@ -480,6 +480,12 @@ def test_join_a_running_named_container(tb, rootfs, workdir_base, test_user, att
                       "test -e /elsewhere || cat /inroot"], user=user, env=env)
         assert (r.returncode, r.stdout) == (0, "first\n"), r.stderr
         assert "ignoring --container-mounts" in r.stderr
+        # A join saves nothing: refused before the tasks, one line.
+        r = srun(tb, ["--overlap", "--jobid", job, "-n1", "--container-name=w",
+                      f"--container-save={store}/j.sqsh", "true"], user=user, env=env)
+        errs = [ln for ln in r.stderr.splitlines() if "gpusandbox: error:" in ln]
+        assert r.returncode == 125 and len(errs) == 1 and "which this step would join" in \
+            errs[0] and not (store / "j.sqsh").exists(), r.stderr
         # no_exec never joins: one writer, one line.
         r = srun(tb, ["--overlap", "--jobid", job, "-n1", "--container-name=w:no_exec",
                       "true"], user=user, env=env)
