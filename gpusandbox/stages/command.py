@@ -1,13 +1,15 @@
 """Stage 3: the command.  Forked by init after the pivot; drops everything
-and execs.  Order matters and each step says why it sits where it does."""
+and execs.  Order matters and each step says why it sits where it does;
+every kernel call goes through stages/mountexec.Kernel (`kern`), so that
+tests/unit/test_init_order.py states the order."""
 import errno
 import os
 import stat
 
 from ..environ import DEFAULT_PATH, passwd_home
-from ..linux import caps
 from ..linux import sys as k
 from .channel import fail, pause_point
+from .mountexec import KERNEL
 
 _TIOCSCTTY = 0x540E
 _CLOSE_RANGE_CLOEXEC = 4
@@ -44,26 +46,19 @@ def _passwd_home(uid):
     return passwd_home(data.decode("utf-8", "replace"), uid)
 
 
-def run(plan, err_w, wdfd, tty_slave):
+def run(plan, err_w, wdfd, tty_slave, kern=KERNEL):
     step = "starting the command"
     try:
-        import _signal
         # init blocks the forwarded signals for sigwaitinfo(); the mask is
         # inherited across execve, so clear it or the command never sees them.
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         # Ignored signals stay ignored across execve, and CPython ignores
         # SIGPIPE and SIGXFSZ: without this, `yes | head` inside would end in
         # "Broken pipe" errors instead of a quiet SIGPIPE.
-        for sig in range(1, _signal.NSIG):
-            try:
-                if _signal.getsignal(sig) == _signal.SIG_IGN:
-                    _signal.signal(sig, _signal.SIG_DFL)
-            except (OSError, ValueError):
-                pass
+        kern.reset_signals()
         # Own session: the command cannot reach the caller's terminal with
         # TIOCSTI (it is no longer its controlling terminal).
         try:
-            os.setsid()
+            kern.setsid()
         except PermissionError:
             pass    # an OCI init that becomes its workload leads its session already
         if tty_slave is not None:
@@ -73,13 +68,13 @@ def run(plan, err_w, wdfd, tty_slave):
             if tty_slave > 2:
                 os.close(tty_slave)
         step = f"entering the working directory {plan.workdir}"
-        os.fchdir(wdfd)
-        os.close(wdfd)
+        kern.fchdir(wdfd)
+        kern.close(wdfd)
         # Every fd but stdio (and the error pipe, already CLOEXEC) is closed by
         # the execve: no host directory fd survives into the image (CVE-2024-21626).
         # Before any seccomp filter, which may not know close_range.
         step = "closing inherited descriptors"
-        k.syscall("close_range", 3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
+        kern.close_range(3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
         for fd in plan.keep_fds:  # srun's PMI_FD: the job's own channel to slurmstepd
             os.set_inheritable(fd, True)
         if "HOME" not in plan.env:
@@ -89,25 +84,25 @@ def run(plan, err_w, wdfd, tty_slave):
             plan.env["HOME"] = _passwd_home(plan.cmd_uid)
         step = "applying the process settings"
         before_privileges(plan)
-        early = seccomp_early(plan)
+        early = seccomp_early(plan, kern)
         step = "dropping privileges"
         # The bounding set needs CAP_SETPCAP, which the uid change may take away.
-        caps.drop_bounding(plan.cap_bounding)
-        k.prctl(8, 1)   # PR_SET_KEEPCAPS: a non-root user may be given capabilities
+        kern.drop_bounding(plan.cap_bounding)
+        kern.prctl(8, 1)   # PR_SET_KEEPCAPS: a non-root user may be given capabilities
         if plan.groups is not None:
-            os.setgroups(plan.groups)
+            kern.setgroups(plan.groups)
         elif plan.clear_groups:
-            os.setgroups([])
-        os.setresgid(plan.cmd_gid, plan.cmd_gid, plan.cmd_gid)
-        os.setresuid(plan.cmd_uid, plan.cmd_uid, plan.cmd_uid)
+            kern.setgroups([])
+        kern.setresgid(plan.cmd_gid)
+        kern.setresuid(plan.cmd_uid)
         # Every set written (the permitted set the uid change kept included).
-        caps.set_cap_sets(plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
+        kern.set_cap_sets(plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
                           plan.cap_ambient)
         if plan.no_new_privs:
-            k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
+            kern.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
         pause_point(plan, "before-exec")
         step = "applying the process settings"
-        before_exec(plan)
+        before_exec(plan, kern)
         # No PATH in the environment: execvp(3)'s search of a default one,
         # which the environment does not get.
         path = _lookup(plan.argv[0], plan.env.get("PATH", DEFAULT_PATH))
@@ -117,10 +112,9 @@ def run(plan, err_w, wdfd, tty_slave):
         # Last: after seccomp only the syscalls the profile allows remain.
         if plan.seccomp is not None and not early:
             step = "installing the seccomp filter"
-            from ..linux import seccomp
-            seccomp.install(plan.seccomp)
+            kern.install_seccomp(plan.seccomp)
         step = f"executing {plan.argv[0]}"
-        os.execve(path, plan.argv, plan.env)
+        kern.execve(path, plan.argv, plan.env)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR) and step.startswith("executing"):
             fail(err_w, 127, f"cannot execute {plan.argv[0]}", e.strerror,
@@ -178,10 +172,10 @@ def _chown_stdio(uid, gid):
             continue
 
 
-def before_exec(plan):
+def before_exec(plan, kern=KERNEL):
     """Process settings that apply to the command only."""
     if plan.umask is not None:
-        os.umask(plan.umask)
+        kern.umask(plan.umask)
     ps = plan.proc_settings
     if ps is not None and ps.cpus_final is not None:
         # execCPUAffinity.final: the workload's own CPUs, set last so that the
@@ -190,7 +184,7 @@ def before_exec(plan):
         procsched.set_affinity(ps.cpus_final)
 
 
-def seccomp_early(plan):
+def seccomp_early(plan, kern=KERNEL):
     """An OCI config with noNewPrivileges false and a seccomp filter: the
     filter goes in before the capabilities are dropped, since without
     no_new_privs the kernel installs one only for CAP_SYS_ADMIN
@@ -198,6 +192,5 @@ def seccomp_early(plan):
     runc's does.  Returns whether it was installed here."""
     if plan.no_new_privs or plan.seccomp is None:
         return False
-    from ..linux import seccomp
-    seccomp.install(plan.seccomp)
+    kern.install_seccomp(plan.seccomp)
     return True

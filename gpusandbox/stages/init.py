@@ -18,23 +18,23 @@ _SIGCHLD = 17
 FORWARDED = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM
 
 
-def _open_sources(plan):
+def _open_sources(plan, kern=KERNEL):
     """Clone the system mounts' host sources before the image's tree is
     attached (the plan's mount ops clone theirs: mountexec.open_sources), so
     that no source can ever be a path inside the image, and a later mount
     cannot shadow one (a -v source under /tmp stays reachable)."""
     src = {}
     for name in STD_DEVICES:
-        src["dev:" + name] = m.clone_tree("/dev/" + name, recursive=False)
+        src["dev:" + name] = kern.clone_tree("/dev/" + name, recursive=False)
     src["sys"], src["sys-hide"] = sysmounts.sysfs_alone()
     if plan.pod:
         # The pod's /dev/shm: the keeper's tmpfs, which this mount namespace
         # (a copy of the keeper's) has over the pod directory's shm/.
-        src["shm"] = m.clone_tree(plan.pod.shm_path, recursive=False)
+        src["shm"] = kern.clone_tree(plan.pod.shm_path, recursive=False)
     return src
 
 
-def _image_fd(plan):
+def _image_fd(plan, kern):
     """The image root the launcher holds (plan.rootfd), as a directory of this
     mount namespace.  Mount calls refuse a mount of another namespace, so the
     held fd cannot be used directly: its kernel path is walked again without
@@ -43,29 +43,27 @@ def _image_fd(plan):
     gives a refusal, never another directory."""
     path, dev, ino = plan.root_id
     try:
-        fd = k.openat2(k.AT_FDCWD, path, k.O_PATH | os.O_DIRECTORY, 0,
-                       k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS)
+        fd = kern.open_image(path)
     except OSError as e:
         raise m.MountError(e.errno, f"the image directory {plan.rootfs} changed while the "
                            f"sandbox was being set up ({os.strerror(e.errno)})") from None
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != (dev, ino):
-        os.close(fd)
+    if kern.file_id(fd) != (dev, ino):
+        kern.close(fd)
         raise m.MountError(116, f"the image directory {plan.rootfs} was replaced while the "
                            "sandbox was being set up")
     if not plan.squash:
-        os.close(plan.rootfd)
+        kern.close(plan.rootfd)
     return fd
 
 
-def _rootfs(plan):
+def _rootfs(plan, kern=KERNEL):
     """The image's tree attached over its own directory in this private mount
     namespace: an overlay on a fresh tmpfs (default, --writable-tmpfs) or the
     directory itself (--rw).  IMAGE_DIR on disk is only ever a lower layer.
     The image is reached through its held fd only (see _image_fd); the
     returned fd is the attached mount's own root."""
     attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
-    image = _image_fd(plan)
+    image = _image_fd(plan, kern)
     lower = image
     if plan.idmap and plan.idmap[0] == "full":
         # Once the image is held (its path walked with the caller's ids,
@@ -76,8 +74,8 @@ def _rootfs(plan):
         from ..linux import idmap
         if plan.spec.rootfs_mode == "rw" and idmap.caller_unmapped(plan.idmap[1],
                                                                    plan.idmap[2]):
-            m.prepare_upper(image, image, plan.points, plan.links)
-        idmap.become_mapped_root(plan.idmap[1], plan.idmap[2])
+            kern.prepare_upper(image, image, plan.points, plan.links)
+        kern.become_mapped_root(plan.idmap[1], plan.idmap[2])
     try:
         if plan.squash:
             # A squashfs image: its detached mount (held fd) is attached over
@@ -85,20 +83,20 @@ def _rootfs(plan):
             # the lower layer; the root goes on top of it.  Attached first, it
             # is a mount of this namespace, which overlay accepts as a layer
             # whoever made it (the launcher, or squashfuse's helper).
-            k.move_mount(plan.rootfd, image, f"attaching the squashfs image {plan.rootfs}")
+            kern.move_mount(plan.rootfd, image, f"attaching the squashfs image {plan.rootfs}")
             lower = plan.rootfd
         if plan.spec.rootfs_mode == "rw":
-            mnt = m.clone_tree("", recursive=True, dirfd=image)
-            m.restrict(mnt, ro=False)
+            mnt = kern.clone_tree("", recursive=True, dirfd=image)
+            kern.restrict(mnt, ro=False)
         else:
-            scratch = m.new_fs("tmpfs", ("mode=0755",), attrs)
-            os.mkdir("upper", 0o755, dir_fd=scratch)
-            os.mkdir("work", 0o755, dir_fd=scratch)
-            upper = os.open("upper", k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=scratch)
+            scratch = kern.new_fs("tmpfs", ("mode=0755",), attrs)
+            kern.mkdir("upper", 0o755, scratch)
+            kern.mkdir("work", 0o755, scratch)
+            upper = kern.open_dir("upper", scratch)
             try:
-                m.prepare_upper(lower, upper, plan.points, plan.links, plan.dirs)
+                kern.prepare_upper(lower, upper, plan.points, plan.links, plan.dirs)
             finally:
-                os.close(upper)
+                kern.close(upper)
             top = f"/proc/self/fd/{scratch}"
             opts = [f"lowerdir=/proc/self/fd/{lower}", f"upperdir={top}/upper",
                     f"workdir={top}/work"]
@@ -106,17 +104,49 @@ def _rootfs(plan):
                 # trusted.* xattrs cannot be set in a user namespace (overlayfs docs).
                 opts.append("userxattr")
             try:
-                mnt = m.new_fs("overlay", opts, attrs)
+                mnt = kern.new_fs("overlay", opts, attrs)
             finally:
-                os.close(scratch)
+                kern.close(scratch)
         # After move_mount the detached mount's fd is the attached root.
-        root = os.dup(mnt)
-        m.attach(mnt, os.dup(image), f"attaching the root filesystem over {plan.rootfs}")
+        root = kern.dup(mnt)
+        kern.attach(mnt, kern.dup(image), f"attaching the root filesystem over {plan.rootfs}")
     finally:
-        os.close(image)
+        kern.close(image)
         if plan.squash:
-            os.close(plan.rootfd)
+            kern.close(plan.rootfd)
     return root
+
+
+def root_steps(plan, src, fds, life, err_w, go_r, out, kern=KERNEL):
+    """Everything the init does to the mount tree after the id maps, in
+    order, each step named before it runs (as tree_steps): the root
+    filesystem, the tree over it (tree_steps), the working directory opened
+    in it (out["wdfd"], entered by the command stage), the root made
+    read-only, loopback, the pivot, the root's propagation."""
+    yield "building the root filesystem"
+    if plan.host_root:
+        kern.close(plan.rootfd)     # the launcher's handle; this namespace's / is cloned
+        from . import hostroot      # only for IMAGE `/`: off a plain launch's path
+        rootfd = hostroot.root()
+    else:
+        rootfd = _rootfs(plan, kern)
+    yield from tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern)
+    # Opened (and made, if missing) before the root turns read-only.
+    yield f"opening the working directory {plan.workdir}"
+    out["wdfd"] = kern.open_target(rootfd, plan.workdir, "dir", create=True)
+    if plan.spec.rootfs_mode == "ro":
+        yield "making the root filesystem read-only"
+        kern.mount_setattr(rootfd, k.MOUNT_ATTR_RDONLY, recursive=False)
+    if plan.spec.net == "none":
+        yield "bringing up loopback"
+        kern.loopback_up()
+    yield "pivoting into the root filesystem"
+    _pivot(rootfd, kern)
+    kern.close(rootfd)
+    if plan.rootfs_propagation is not None:
+        yield "setting the root's propagation"
+        from . import ocisetup      # loaded already: a plan with container settings
+        ocisetup.root_propagation(plan, kern)
 
 
 def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL):
@@ -158,13 +188,13 @@ def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL):
     sysmounts.mask(rootfd, plan, kern)
 
 
-def _pivot(rootfd):
+def _pivot(rootfd, kern):
     # pivot_root(".", ".") stacks the old root under the new one; detaching it
     # leaves nothing of the host's tree reachable (pivot_root(2), NOTES).
-    os.fchdir(rootfd)
-    k.pivot_root(".", ".")
-    k.umount2(".", k.MNT_DETACH)
-    os.chdir("/")
+    kern.fchdir(rootfd)
+    kern.pivot_root(".", ".")
+    kern.umount(".", k.MNT_DETACH)
+    kern.chdir("/")
 
 
 def _peer_gone(fd):
@@ -261,30 +291,10 @@ def run(plan, go_r, err_w, tty_sock, wait):
         # the launcher may write into /proc/<pid> of a still-dumpable child.
         k.prctl(4, 0)  # PR_SET_DUMPABLE
         pause_point(plan, "init-start")
-        step = "building the root filesystem"
-        if plan.host_root:
-            os.close(plan.rootfd)   # the launcher's handle; this namespace's / is cloned
-            from . import hostroot      # only for IMAGE `/`: off a plain launch's path
-            rootfd = hostroot.root()
-        else:
-            rootfd = _rootfs(plan)
-        for step in tree_steps(plan, rootfd, src, fds, life, err_w, go_r):
+        held = {}
+        for step in root_steps(plan, src, fds, life, err_w, go_r, held):
             pass
-        step = f"opening the working directory {plan.workdir}"
-        wdfd = m.open_target(rootfd, plan.workdir, "dir", create=True)
-        if plan.spec.rootfs_mode == "ro":
-            step = "making the root filesystem read-only"
-            k.mount_setattr(rootfd, k.MOUNT_ATTR_RDONLY, recursive=False)
-        if plan.spec.net == "none":
-            step = "bringing up loopback"
-            from ..linux import net     # loaded by the launcher before the clone
-            net.loopback_up()
-        step = "pivoting into the root filesystem"
-        _pivot(rootfd)
-        os.close(rootfd)
-        if plan.rootfs_propagation is not None:
-            step = "setting the root's propagation"
-            cs.root_propagation(plan)
+        wdfd = held["wdfd"]
         tty_slave = None
         if tty_sock is not None:
             step = "allocating the terminal"

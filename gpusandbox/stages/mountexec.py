@@ -10,16 +10,19 @@ inside the image and no later mount can shadow one.  apply() then walks the
 ops in order; each target is resolved inside the root without following a
 symlink out of it (linux/mounts.open_target).
 
-Kernel is the kernel as the init's tree-building steps call it: one
-interface (youki's Syscall trait) for the system mounts (stages/sysmounts.py),
-these ops, the container's kernel settings and the masks.  KERNEL is the
-real one, over linux/mounts.py, linux/sys.py and os; a test double
-(tests/unit/test_init_order.py) records the calls instead, so a unit test
-states the order of the setup steps without privileges.  Every method is one
-kernel operation; fds are plain integers the caller passes back.
+Kernel is the kernel as the init calls it after the clone: one interface
+(youki's Syscall trait) for the root filesystem (stages/init.py), the system
+mounts (stages/sysmounts.py), these ops, the container's kernel settings,
+the masks, the pivot and the command stage (stages/command.py: ids,
+capabilities, no_new_privs, seccomp, the execve).  KERNEL is the real one,
+over linux/*.py and os; a test double (tests/unit/test_init_order.py)
+records the calls instead, so a unit test states the order of the whole
+setup without privileges.  Every method is one kernel operation (or one
+step of linux/, named so); fds are plain integers the caller passes back.
 """
 import os
 
+from ..linux import caps
 from ..linux import mounts as m
 from ..linux import sys as k
 
@@ -106,6 +109,97 @@ class Kernel:
 
     def setdomainname(self, name):
         k._check(k.libc.setdomainname(name, len(name)), "setdomainname")
+
+    # The root filesystem (stages/init._rootfs) and the pivot.
+    def open_image(self, path):
+        """An O_PATH fd of the directory at path, no symlink followed."""
+        return k.openat2(k.AT_FDCWD, path, k.O_PATH | os.O_DIRECTORY, 0,
+                         k.RESOLVE_NO_SYMLINKS | k.RESOLVE_NO_MAGICLINKS)
+
+    def file_id(self, fd):
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+
+    def open_dir(self, name, dirfd):
+        return os.open(name, k.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+
+    def mkdir(self, name, mode, dirfd):
+        os.mkdir(name, mode, dir_fd=dirfd)
+
+    def prepare_upper(self, lowerfd, upperfd, points, links, sealed=()):
+        m.prepare_upper(lowerfd, upperfd, points, links, sealed)
+
+    def become_mapped_root(self, uid_rows, gid_rows):
+        from ..linux import idmap       # a full id map only
+        idmap.become_mapped_root(uid_rows, gid_rows)
+
+    def move_mount(self, from_fd, to_fd, what):
+        k.move_mount(from_fd, to_fd, what)
+
+    def mount(self, source, target, fstype, flags):
+        k.mount(source, target, fstype, flags)
+
+    def loopback_up(self):
+        from ..linux import net     # loaded by the launcher before the clone
+        net.loopback_up()
+
+    def fchdir(self, fd):
+        os.fchdir(fd)
+
+    def chdir(self, path):
+        os.chdir(path)
+
+    def pivot_root(self, new_root, put_old):
+        k.pivot_root(new_root, put_old)
+
+    def umount(self, target, flags):
+        k.umount2(target, flags)
+
+    # The command stage (stages/command.py), in the process that execs.
+    def reset_signals(self):
+        """No signal blocked, none ignored: both survive the execve."""
+        import _signal
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+        for sig in range(1, _signal.NSIG):
+            try:
+                if _signal.getsignal(sig) == _signal.SIG_IGN:
+                    _signal.signal(sig, _signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+
+    def setsid(self):
+        os.setsid()
+
+    def close_range(self, low, high, flags):
+        k.syscall("close_range", low, high, flags)
+
+    def drop_bounding(self, keep):
+        caps.drop_bounding(keep)
+
+    def prctl(self, option, arg):
+        k.prctl(option, arg)
+
+    def setgroups(self, groups):
+        os.setgroups(groups)
+
+    def setresgid(self, gid):
+        os.setresgid(gid, gid, gid)
+
+    def setresuid(self, uid):
+        os.setresuid(uid, uid, uid)
+
+    def set_cap_sets(self, effective, permitted, inheritable, ambient):
+        caps.set_cap_sets(effective, permitted, inheritable, ambient)
+
+    def umask(self, mask):
+        os.umask(mask)
+
+    def install_seccomp(self, prog):
+        from ..linux import seccomp     # only with a filter
+        seccomp.install(prog)
+
+    def execve(self, path, argv, env):
+        os.execve(path, argv, env)
 
 
 KERNEL = Kernel()

@@ -90,12 +90,12 @@ def start_propagation(plan):
     return k.MS_PRIVATE if prop is not None and prop[0] == k.MS_PRIVATE else k.MS_SLAVE
 
 
-def root_propagation(plan):
+def root_propagation(plan, kern):
     """linux.rootfsPropagation on the container's root, after the pivot."""
     prop = plan.rootfs_propagation
     if prop is not None:
         flag, rec = prop
-        k.mount(None, "/", None, flag | (k.MS_REC if rec else 0))
+        kern.mount(None, "/", None, flag | (k.MS_REC if rec else 0))
 
 
 def kernel_settings(plan, rootfd, kern):
