@@ -49,6 +49,7 @@ class Recorder(Kernel):
         return self._fd(host_path)
 
     def open_target(self, rootfd, path, kind="dir", create=True, strict=False):
+        self.log.append(("open", path))
         return self._fd(path)
 
     def restrict(self, fd, ro=True, nosuid=True, nodev=True, noexec=False, recursive=True):
@@ -328,7 +329,8 @@ def test_a_plain_run_from_the_root_filesystem_to_the_execve(tmp_path):
     assert tree < binds < masks
     seal = _at(log, ("seal", "overlay", k.MOUNT_ATTR_RDONLY))   # the attached root
     wd = _at(log, ("step", "opening the working directory /work"))
-    assert _last(log, "mount") < wd < seal
+    assert _last(log, "mount") < wd and log[wd + 1] == ("open", "/work")
+    assert wd + 1 < seal
     pivot = log[_first(log, "fchdir"):_first(log, "fchdir") + 4]
     assert pivot == [("fchdir", "overlay"), ("pivot_root", ".", "."), ("umount", ".", k.MNT_DETACH),
                      ("chdir", "/")]
