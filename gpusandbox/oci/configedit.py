@@ -1,19 +1,25 @@
 """GPU injection written into an OCI config.json (the wrapper and the filter).
 
 The edits come from the one code path `run` uses (gpu.select -> gpu.inject
-build_edits -> ContainerEdits); this module only translates them into the
-runtime-spec's terms:
+build_edits -> ContainerEdits), and become the plan's mount ops by the one
+translation `run` uses (edits.from_edits); this module only writes those
+ops in the runtime-spec's terms, which oci/configmount.py reads back into
+the same ops (tests/unit/test_configedit_roundtrip.py holds the two
+directions together):
 
-  device nodes  -> linux.devices (host node at the same path) or a bind mount
-                   of the host node (a simulated or relocated dev root), plus
-                   a linux.resources.devices allow rule for each, so the
-                   runtime's own cgroup device filter grants exactly them;
-  mounts        -> read-only bind mounts (nosuid, nodev);
-  symlinks      -> a bind mount of the file the link leads to (a config.json
+  fs (a tmpfs)  -> a tmpfs mount with the op's options, "ro" when the ops
+                   seal it;
+  node          -> linux.devices (host node at the same path) or a bind mount
+                   of the host node (a simulated or relocated dev root, also
+                   noexec), plus a linux.resources.devices allow rule for
+                   each, so the runtime's own cgroup device filter grants
+                   exactly them;
+  bind          -> a bind mount with the op's ro, nosuid, nodev, noexec;
+  symlink       -> a bind mount of the file the link leads to (a config.json
                    cannot create links, and no hook has to run in the image);
-  /etc/ld.so.cache -> a file generated on the host (in the bundle, or a state
-                   directory) bound read-only over the image's;
-  env           -> process.env.
+  file (/etc/ld.so.cache) -> a file generated on the host (in the bundle, or
+                   a state directory) bound read-only over the image's;
+and the edits' env -> process.env.
 
 What lives under /proc (the /proc/driver mask and the per-GPU proc entries)
 has no config.json form that runc accepts (it refuses mounts under /proc);
@@ -136,11 +142,11 @@ def _section(obj, key, kind):
     return v
 
 
-def _links_to_files(edits):
-    """{container path: host path} for each symlink whose target is a file
-    the edits bind (followed through links), so a bind mount replaces it."""
-    files = {m.path: m.host_path for m in edits.mounts}
-    links = {ln.path: ln.target for ln in edits.symlinks}
+def _links_to_files(ops):
+    """{container path: host path} for each symlink op whose target is a
+    file the ops bind (followed through links), so a bind mount replaces it."""
+    files = {op.path: op.source for op in ops if op.op == "bind"}
+    links = {op.path: op.target for op in ops if op.op == "symlink"}
     out = {}
     for path in links:
         cur = path
@@ -200,9 +206,25 @@ def drop_legacy_hooks(cfg):
     return dropped
 
 
+def bind_options(op):
+    """A bind op's flags as config.json options (configmount reads them back)."""
+    return (["bind", "ro" if op.ro else "rw"] + (["nosuid"] if op.nosuid else [])
+            + (["nodev"] if op.nodev else []) + (["noexec"] if op.noexec else []))
+
+
+def tmpfs_options(op, sealed):
+    return ((["nosuid"] if op.nosuid else []) + (["nodev"] if op.nodev else [])
+            + (["noexec"] if op.noexec else []) + list(op.data)
+            + (["ro"] if op.ro or op.path in sealed else []))
+
+
 def apply(cfg, edits, statedir, extra_rules=()):
-    """Write `edits` into the config dict (in place).  Unknown keys are left
-    as they are; a destination the config already mounts is not mounted twice."""
+    """Write `edits` into the config dict (in place), as the plan's mount
+    ops (edits.from_edits) in their order.  Unknown keys are left as they
+    are; a destination the config already mounts is not mounted twice.
+    What lives under /proc has no config.json form (above): left out."""
+    from gpusandbox.edits import from_edits
+    ops = [op for op in from_edits(edits) if not op.path.startswith("/proc/")]
     linux = _section(cfg, "linux", dict)
     devices = _section(linux, "devices", list)
     resources = _section(linux, "resources", dict)
@@ -219,41 +241,40 @@ def apply(cfg, edits, statedir, extra_rules=()):
             mounts.append({"destination": dst, "type": "bind", "source": src,
                            "options": list(opts)})
 
-    for n in edits.device_nodes:
-        if n.host_path == n.path:
-            if n.path not in have_dev:
-                devices.append({"path": n.path, "type": "c", "major": n.major,
-                                "minor": n.minor, "fileMode": 0o666, "uid": 0, "gid": 0})
-                have_dev.add(n.path)
-        else:
-            # Not at its own path on the host: runtimes only create or bind
-            # a linux.devices node from the same path, so it is bound.
-            bind(n.host_path, n.path, ["bind", "rw", "nosuid", "noexec"])
-        rule = {"allow": True, "type": "c", "major": n.major, "minor": n.minor, "access": "rwm"}
-        if rule not in rules:
-            rules.append(rule)
+    sealed = {op.path for op in ops if op.op == "seal"}
+    links = _links_to_files(ops)
+    for op in ops:
+        if op.op == "fs":
+            # What a CDI spec mounts as tmpfs.
+            if op.path not in taken:
+                taken.add(op.path)
+                mounts.append({"destination": op.path, "type": op.fstype, "source": op.fstype,
+                               "options": tmpfs_options(op, sealed)})
+        elif op.op == "node":
+            if op.source == op.path:
+                if op.path not in have_dev:
+                    devices.append({"path": op.path, "type": "c", "major": op.major,
+                                    "minor": op.minor, "fileMode": 0o666, "uid": 0, "gid": 0})
+                    have_dev.add(op.path)
+            else:
+                # Not at its own path on the host: runtimes only create or
+                # bind a linux.devices node from the same path, so it is bound.
+                bind(op.source, op.path, ["bind", "rw"] + (["nosuid"] if op.nosuid else [])
+                     + ["noexec"])
+            rule = {"allow": True, "type": "c", "major": op.major, "minor": op.minor,
+                    "access": "rwm"}
+            if rule not in rules:
+                rules.append(rule)
+        elif op.op == "bind":
+            bind(op.source, op.path, bind_options(op))
+        elif op.op == "symlink" and op.path in links:
+            bind(links[op.path], op.path, _RO)
+        elif op.op == "file" and op.path == "/etc/ld.so.cache":
+            bind(write_state_file(statedir, op.content, op.mode), op.path, _RO)
     for typ, major, minor, access in extra_rules:
         rule = {"allow": True, "type": typ, "major": major, "minor": minor, "access": access}
         if rule not in rules:
             rules.append(rule)
-    for t in edits.tmpfs:
-        # What a CDI spec mounts as tmpfs (the /proc/driver mask has no
-        # config.json form, as above).
-        if not t.path.startswith("/proc/") and t.path not in taken:
-            taken.add(t.path)
-            mounts.append({"destination": t.path, "type": "tmpfs", "source": "tmpfs",
-                           "options": ["nosuid", "nodev", "noexec", "mode=755"]
-                           + (["ro"] if t.ro else [])})
-    for m in edits.mounts:
-        if m.path.startswith("/proc/"):
-            continue
-        opts = ["bind"] + [o for o in m.options if o in ("ro", "rw", "nosuid", "nodev", "noexec")]
-        bind(m.host_path, m.path, opts)
-    for path, host_path in _links_to_files(edits).items():
-        bind(host_path, path, _RO)
-    for f in edits.files:
-        if f.path == "/etc/ld.so.cache":
-            bind(write_state_file(statedir, f.content, f.mode), f.path, _RO)
     keys = {e.partition("=")[0]: i for i, e in enumerate(env) if isinstance(e, str)}
     for k, v in edits.env.items():
         item = f"{k}={v}"

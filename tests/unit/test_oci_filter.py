@@ -71,7 +71,8 @@ def test_apply_writes_cdi_tmpfs_mounts(tmp_path):
     cfg = configedit.apply({"mounts": [{"destination": "/opt/ro", "type": "bind"}]}, e,
                            str(tmp_path))
     tm = [m for m in cfg["mounts"] if m.get("type") == "tmpfs"]
+    # The plan's tmpfs (edits.from_edits: the same size and mode as `run`'s).
     assert tm == [{"destination": "/var/lib/gpu-scratch", "type": "tmpfs", "source": "tmpfs",
-                   "options": ["nosuid", "nodev", "noexec", "mode=755"]},
+                   "options": ["nosuid", "nodev", "noexec", "mode=0755", "size=1m"]},
                   {"destination": "/srv/masked", "type": "tmpfs", "source": "tmpfs",
-                   "options": ["nosuid", "nodev", "noexec", "mode=755", "ro"]}]
+                   "options": ["nosuid", "nodev", "noexec", "mode=0755", "size=1m", "ro"]}]
