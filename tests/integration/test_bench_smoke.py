@@ -52,6 +52,7 @@ def test_exits_zero_and_prints_the_table(bench):
         assert any(l.startswith(row) for l in lines), f"{row} missing:\n{p.stdout}"
     assert "targets (issue 8):" in p.stdout
     assert "targets (issue 24, the lean launch path):" in p.stdout
+    assert "exec into a running sandbox vs run of the same image" in p.stdout
     assert f"results: {bench['json']}" in p.stdout
 
 
@@ -78,6 +79,14 @@ def test_results_file_has_the_expected_keys(bench):
         assert m["rss_mb"] > 0 and m["processes"], mode
         assert all(p["comm"] != "sleep" for p in m["processes"]), mode
     assert len(doc["targets"]) == 5 and len(doc["lean_targets"]) == 2
+    # the live row (issue 28) is in the default set, per mode; like a launcher
+    # row it may fail with a reason (GSBX may predate run -d): its own checks
+    # are test_bench_live_smoke.py's
+    for mode in ("rootless", "root"):
+        live = doc["live"][mode]
+        assert live["status"] == "ok" or live["reason"], live
+        if live["status"] == "ok":
+            assert live["exec"]["n"] == live["run"]["n"] == 2 and live["ratio"] > 0
     for t in doc["targets"] + doc["lean_targets"]:
         assert set(t) == TARGET_KEYS
         assert t["status"] in ("PASS", "MISS", "n/a")
