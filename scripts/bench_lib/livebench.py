@@ -23,10 +23,8 @@ import fnmatch
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import tempfile
-import time
 
 from . import PREFIX, host, install, launchers as L, measure as M, rootfs
 
