@@ -4,9 +4,12 @@ are that namespace's maps; the config may repeat them, never differ.  Root
 through the runtime CLI with a holder made by `unshare -U` whose maps root
 writes; rootless, a user may join only a namespace it may enter."""
 import json
+import shutil
+import tempfile
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +216,43 @@ def test_exec_joins_a_host_namespace_of_a_userns_container(work, rootfs):
         _oci(b, "delete", "--force", name)
         holder.kill()
         holder.wait()
+
+
+@pytest.fixture
+def root_podman(cli, rootfs, test_user):
+    """Root podman with a store of its own (test_oci_ns.Podman)."""
+    from .test_oci_ns import Podman
+    if not shutil.which("podman") or not shutil.which("conmon"):
+        pytest.skip("podman and conmon are not installed")
+    home = Path(tempfile.mkdtemp(prefix="gsbx-test-podman-userns-", dir="/tmp"))
+    os.chmod(home, 0o755)
+    tar = home / "rootfs.tar"
+    # Without /tmp: podman's --tmpfs /tmp needs its mount point made in
+    # podman's overlay root, a directory of host root's.
+    subprocess.run(["tar", "-C", str(rootfs), "--exclude", "./tmp", "-cf", str(tar), "."],
+                   check=True)
+    pm = Podman("root", test_user, home, f"localhost/gsbx-userns-{os.getpid()}:1")
+    r = pm("import", str(tar), pm.image, timeout=120)
+    assert r.returncode == 0, r.stderr
+    yield pm
+    pm("rmi", "-f", pm.image)
+    pm("system", "reset", "--force", timeout=120)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_podman_userns_ns_path(root_podman, holder, readonly):
+    """podman as root, `--userns ns:/proc/PID/ns/user` of a holder mapping
+    0 to host 100000: podman's overlay root (owned by host root, which the
+    namespace does not map) gets its mount points and the workload runs as
+    the namespace's 0, host 100000, able to write its /tmp."""
+    from .test_oci_ns import RUN
+    r = root_podman("run", "--rm", *RUN, *(["--read-only"] if readonly else []),
+                    "--tmpfs", "/tmp",
+                    "--userns", f"ns:{holder.ns()}", root_podman.image, "sh", "-c",
+                    "readlink /proc/self/ns/user; id -u; cat /proc/self/uid_map; "
+                    "touch /tmp/x && echo wrote")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.split()
+    assert out[0] == os.readlink(holder.ns())
+    assert out[1:5] == ["0", "0", "100000", "65536"] and out[-1] == "wrote", r.stdout

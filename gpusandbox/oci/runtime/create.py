@@ -16,7 +16,7 @@ import time
 
 from ... import plan as planmod
 from ...errors import SandboxError
-from ...linux import cgroup, host
+from ...linux import cgroup, host, idmap
 from ...linux import sys as k
 from ...linux.host import host_uid
 from ...stages import channel, mountexec, parent
@@ -121,9 +121,30 @@ def _spawn_joined_userns(plan, cg, tty, wait, join):
     return int(msg), fds[0], fds[1]
 
 
+def _points_before_join(plan):
+    """A written-through root gets the mount points it lacks here, before
+    the user namespace is joined: once in it, this process's ids (the
+    host's root, which such a namespace does not map) hold no capability
+    over the root's directories (capable_wrt_inode_uidgid), and podman's
+    overlay root is 0555, so the init could not make them (podman
+    `--userns ns:PATH`: `cannot create mount point /tmp in the root`).
+    The init's own pass (stages/init.py _rootfs) then finds them made.
+    runc makes them inside the namespace, where podman chowns the root to
+    the namespace's root for maps it writes itself, never for ns:PATH."""
+    if plan.spec.rootfs_mode != "rw" or not plan.idmap or plan.idmap[0] != "full" \
+            or not idmap.caller_unmapped(plan.idmap[1], plan.idmap[2]):
+        return
+    from ...linux import mounts
+    try:
+        mounts.prepare_upper(plan.rootfd, plan.rootfd, plan.points, plan.links)
+    except mounts.MountError as e:
+        raise SandboxError("building the root filesystem", e.strerror) from None
+
+
 def _in_joined_userns(plan, cg, tty, wait, join, sock):
     fds = []
     try:
+        _points_before_join(plan)
         try:
             for t, path in join:
                 fds.append((t, os.open(path, os.O_RDONLY | os.O_CLOEXEC)))
