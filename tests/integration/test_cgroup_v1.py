@@ -332,3 +332,54 @@ def test_podman_limits_and_update(cli, rootfs, tmp_path):
         podman("rmi", "-f", image)
         podman("system", "reset", "--force")
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.skipif(not shutil.which("podman") or not shutil.which("conmon"),
+                    reason="podman and conmon are not installed")
+def test_podman_in_pure_v1_layout(cli, rootfs, pure_v1):
+    """Root podman in the pure v1 layout (its own /sys/fs/cgroup with no
+    cgroup2: podman, conmon and gpusandbox-oci all see v1 only): --memory
+    and --pids-limit applied, `podman update` changes them, --uidmap maps
+    the container's root to host 100000 with its limits in place, and
+    nothing is left after rm.  One script in one namespace: the overlay
+    mounts podman makes there are not seen outside."""
+    home = Path(tempfile.mkdtemp(prefix="gsbx-v1q-", dir="/tmp"))
+    tar = home / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
+    image = f"localhost/gsbx-v1q-{os.getpid()}:1"
+    pm = (f"podman --root {home}/storage --runroot {home}/rr --tmpdir {home}/tmp "
+          f"--runtime {OCI}")
+    run = "--network none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
+    show = ("cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max "
+            "/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+    script = f"""
+P="{pm}"
+trap '$P rm -fa >/dev/null 2>&1; $P rmi -f {image} >/dev/null 2>&1; $P system reset --force >/dev/null 2>&1' EXIT
+$P import {tar} {image} >/dev/null
+stat -f -c 'top %T' /sys/fs/cgroup
+cid=$($P run -d {run} --memory 64m --pids-limit 20 --cpus 0.5 {image} sleep 60)
+echo "cid $cid"
+echo "made $(echo $($P exec $cid {show}))"
+$P update --memory 128m --cpus 0.25 $cid
+echo "updated $(echo $($P exec $cid {show}))"
+$P rm -f $cid >/dev/null
+echo "mapped $(echo $($P run --rm {run} --memory 32m --pids-limit 30 --uidmap 0:100000:5000 \\
+    --gidmap 0:100000:5000 {image} sh -c 'id -u; cat /proc/self/uid_map; {show}; \\
+    touch /tmp/x && echo wrote'))"
+"""
+    try:
+        r = subprocess.run(pure_v1(["sh", "-ec", script]), capture_output=True, text=True,
+                           timeout=300, stdin=subprocess.DEVNULL, cwd="/")
+        assert r.returncode == 0, r.stderr
+        out = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in r.stdout.splitlines()
+               if " " in ln}
+        assert out["top"] == "tmpfs"
+        assert out["made"].split() == [str(64 << 20), "20", "50000"], r.stdout
+        assert out["updated"].split() == [str(128 << 20), "20", "25000"], r.stdout
+        assert out["mapped"].split() == ["0", "0", "100000", "5000", str(32 << 20), "30",
+                                         "-1", "wrote"], r.stdout
+        cid = out["cid"]
+        left = [f"{TOP}/{c}/libpod_parent/libpod-{cid}" for c in V1]
+        assert [p for p in left if os.path.exists(p)] == []
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
