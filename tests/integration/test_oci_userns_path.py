@@ -4,10 +4,10 @@ are that namespace's maps; the config may repeat them, never differ.  Root
 through the runtime CLI with a holder made by `unshare -U` whose maps root
 writes; rootless, a user may join only a namespace it may enter."""
 import json
-import shutil
-import tempfile
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 

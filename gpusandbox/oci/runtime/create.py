@@ -137,7 +137,7 @@ def _points_before_join(plan):
     from ...linux import mounts
     try:
         mounts.prepare_upper(plan.rootfd, plan.rootfd, plan.points, plan.links)
-    except mounts.MountError as e:
+    except OSError as e:     # MountError's strerror names the path
         raise SandboxError("building the root filesystem", e.strerror) from None
 
 
