@@ -2,7 +2,8 @@
 rule: a namespace with a path is joined, never made): the container's ids
 are that namespace's maps; the config may repeat them, never differ.  Root
 through the runtime CLI with a holder made by `unshare -U` whose maps root
-writes; rootless, a user may join only a namespace it may enter."""
+writes; rootless, a user may join only a namespace it may enter.  Podman
+as root with `--userns ns:/proc/PID/ns/user` of such a holder."""
 import json
 import os
 import shutil
@@ -256,3 +257,28 @@ def test_podman_userns_ns_path(root_podman, holder, readonly):
     out = r.stdout.split()
     assert out[0] == os.readlink(holder.ns())
     assert out[1:5] == ["0", "0", "100000", "65536"] and out[-1] == "wrote", r.stdout
+
+
+def test_podman_userns_ns_path_exec_and_update(root_podman, holder):
+    """The same container detached: `podman exec` enters the joined user
+    namespace (its root, host 100000), and `podman update` changes its
+    memory limit."""
+    from .test_oci_ns import RUN
+    pm = root_podman
+    r = pm("run", "-d", *RUN, "--tmpfs", "/tmp", "--memory", "64m", "--userns",
+           f"ns:{holder.ns()}", pm.image, "sleep", "60")
+    assert r.returncode == 0, r.stderr
+    cid = r.stdout.strip()
+    try:
+        mem = "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+        if not os.path.exists("/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+            mem = "/sys/fs/cgroup/memory.max"       # a cgroup2-only host
+        r = pm("exec", cid, "sh", "-c", f"readlink /proc/self/ns/user; id -u; cat {mem}; "
+               "touch /tmp/y && echo wrote")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [os.readlink(holder.ns()), "0", str(64 << 20), "wrote"]
+        assert pm("update", "--memory", "128m", cid).returncode == 0
+        r = pm("exec", cid, "cat", mem)
+        assert r.stdout.split() == [str(128 << 20)], r.stderr
+    finally:
+        assert pm("rm", "-f", "-t", "0", cid).returncode == 0
