@@ -128,7 +128,7 @@ def _points_before_join(plan):
     over the root's directories (capable_wrt_inode_uidgid), and podman's
     overlay root is 0555, so the init could not make them (podman
     `--userns ns:PATH`: `cannot create mount point /tmp in the root`).
-    The init's own pass (stages/init.py _rootfs) then finds them made.
+    The init's own pass (stages/init.py _rootfs) then has nothing to do.
     runc makes them inside the namespace, where podman chowns the root to
     the namespace's root for maps it writes itself, never for ns:PATH."""
     if plan.spec.rootfs_mode != "rw" or not plan.idmap or plan.idmap[0] != "full" \
@@ -139,6 +139,9 @@ def _points_before_join(plan):
         mounts.prepare_upper(plan.rootfd, plan.rootfd, plan.points, plan.links)
     except OSError as e:     # MountError's strerror names the path
         raise SandboxError("building the root filesystem", e.strerror) from None
+    # Done: the init, cloned from this process, has nothing left to make
+    # there (its pass would remake each link, which it may not either).
+    plan.points, plan.links = [], []
 
 
 def _in_joined_userns(plan, cg, tty, wait, join, sock):
