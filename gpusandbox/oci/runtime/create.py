@@ -134,9 +134,8 @@ def _points_before_join(plan):
     if plan.spec.rootfs_mode != "rw" or not plan.idmap or plan.idmap[0] != "full" \
             or not idmap.caller_unmapped(plan.idmap[1], plan.idmap[2]):
         return
-    from ...linux import mounts
     try:
-        mounts.prepare_upper(plan.rootfd, plan.rootfd, plan.points, plan.links)
+        mountexec.KERNEL.prepare_upper(plan.rootfd, plan.rootfd, plan.points, plan.links)
     except OSError as e:     # MountError's strerror names the path
         raise SandboxError("building the root filesystem", e.strerror) from None
     # Done: the init, cloned from this process, has nothing left to make
