@@ -53,7 +53,7 @@ _COMMANDS = {
     "info": ("gpusandbox.gpu.report", "main_info"),
     "config": ("gpusandbox.configcli", "main"),
     "ps": ("gpusandbox.live.cli", "main_ps"),
-    "exec": ("gpusandbox.live.cli", "main_exec"),
+    "exec": ("gpusandbox.live.execcli", "main_exec"),
     "stop": ("gpusandbox.live.cli", "main_stop"),
     "kill": ("gpusandbox.live.cli", "main_kill"),
     "logs": ("gpusandbox.live.cli", "main_logs"),

@@ -214,7 +214,7 @@ ARGPARSE = {
     "sim": ("gpusandbox.sim.cli", "parser", ()),
     "mps": ("gpusandbox.gpu.mpscli", "parser", ()),
     "ps": ("gpusandbox.live.cli", "ps_parser", ()),
-    "exec": ("gpusandbox.live.cli", "exec_parser", ()),
+    "exec": ("gpusandbox.live.execcli", "exec_parser", ()),
     "stop": ("gpusandbox.live.cli", "stop_parser", ()),
     "kill": ("gpusandbox.live.cli", "kill_parser", ()),
     "logs": ("gpusandbox.live.cli", "logs_parser", ()),

@@ -222,7 +222,7 @@ def join_target(env, step):
     """The live record of step `step` of this job on this node whose
     sandbox holds the named container (its lowest rank here), found as
     `gpusandbox exec --job` finds it: the caller's own."""
-    from ..live.cli import slurm_record
+    from ..live.execcli import slurm_record
     return slurm_record(env.get("SLURM_JOB_ID"), step, None, lowest=True)
 
 

@@ -1,6 +1,7 @@
 """`gpusandbox ps | exec | stop | kill | logs | wait | rm` (docs/live.md):
-the caller's named and detached sandboxes (off the launch path: argparse
-and json are fine here).
+the caller's named and detached sandboxes (`exec`: live/execcli.py).
+argparse and json are loaded only where used, so that `exec`, which
+imports this module's lookups, loads neither.
 
 Every command acts on the caller's own records only (record.py: found by
 walking the caller's runtime directory, every piece the caller's): another
@@ -8,8 +9,6 @@ user's sandbox of the same name is another sandbox, and one of theirs
 cannot be named at all.  Real root's `ps` also lists what it finds of other
 users' (labelled by owner); acting on them is theirs to do.
 """
-import argparse
-import json
 import os
 import sys
 import time
@@ -22,13 +21,13 @@ from . import record
 STOP_TIMEOUT = 10
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(f"{self.prog.partition(' ')[2]}: {message}", None,
-                         f"run '{self.prog} --help'")
-
-
 def _parser(cmd, desc):
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise UsageError(f"{self.prog.partition(' ')[2]}: {message}", None,
+                             f"run '{self.prog} --help'")
     return _Parser(prog=f"gpusandbox {cmd}", description=desc)
 
 
@@ -94,6 +93,7 @@ def main_ps(argv):
     if not a.all:
         rows = [r for r in rows if r["state"] in ("running", "starting")]
     if a.json:
+        import json
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return 0
     others = any(r["owner"] != os.geteuid() for r in rows)
@@ -123,171 +123,6 @@ def _running(rec):
     if record.state(rec) != "running":
         from .join import _not_running
         raise _not_running(rec.get("name"))
-
-
-def exec_parser():
-    p = _parser("exec", "Run CMD in the running sandbox NAME, or in the sandbox of a Slurm "
-                "task on this node (--job, --step, --rank): its namespaces, cgroup, uid, "
-                "groups, capabilities, no_new_privs, seccomp filter, environment and working "
-                "directory as its command has them.")
-    p.add_argument("-t", "--tty", action="store_true",
-                   help="a pseudo-terminal in the sandbox (when stdin is a terminal)")
-    p.add_argument("-i", "--interactive", action="store_true",
-                   help="accepted for docker's habit: stdin is always passed on")
-    p.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="set a variable (KEY alone: the caller's value); repeatable")
-    p.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside "
-                   "(default: the command's)")
-    p.add_argument("-u", "--user", metavar="UID[:GID]", help="run as this numeric user "
-                   "(only in a sandbox whose command is uid 0 inside; without capabilities "
-                   "unless 0); default: the command's")
-    p.add_argument("--job", metavar="JOBID", help="the Slurm job whose task's sandbox to "
-                   "enter, instead of NAME (default with --step/--rank: $SLURM_JOB_ID, as "
-                   "under 'srun --overlap --jobid JOBID')")
-    p.add_argument("--step", metavar="STEP", help="its step (needed when the job has "
-                   "sandboxes in several steps on this node)")
-    p.add_argument("--rank", metavar="RANK", help="its task's rank, SLURM_PROCID (needed "
-                   "when the step has several on this node)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="NAME CMD [ARG...]",
-                   help="NAME is left out with --job/--step/--rank")
-    return p
-
-
-def _slurm_target(job, step, rank, lowest=False):
-    """The record of the running sandbox of Slurm task (job, step, rank)
-    among the caller's on this node; one line naming what is missing or
-    ambiguous otherwise (`lowest`: several ranks are no ambiguity, the
-    lowest is taken)."""
-    for what, v in (("--job", job), ("--step", step), ("--rank", rank)):
-        if v is not None and not (v.isdigit() and len(v) <= 20):
-            raise UsageError(f"invalid {what} {printable(v)!r}", "not a number", None)
-    pfd, ppath = record.open_part(make=False)
-    rows = []
-    if pfd is not None:
-        try:
-            rows = [rec for _, rec in record.entries(pfd, ppath)
-                    if record.state(rec) == "running" and isinstance(rec.get("slurm"), dict)
-                    and rec["slurm"].get("job") == job]
-        finally:
-            os.close(pfd)
-    everything = rows
-    if step is not None:
-        rows = [r for r in rows if r["slurm"].get("step") == step]
-    if rank is not None:
-        rows = [r for r in rows if r["slurm"].get("rank") == rank]
-    what = f"job {job}" + (f" step {step}" if step else "") + (f" rank {rank}" if rank else "")
-    if not rows:
-        here = ", ".join(sorted(f"step {r['slurm'].get('step')} rank {r['slurm'].get('rank')}"
-                                for r in everything))
-        raise SandboxError(f"no running sandbox of yours for {what} on this node",
-                           f"this node has {here}" if here else None,
-                           "run exec on the rank's node (srun --overlap --jobid JOB -w NODE "
-                           "gpusandbox exec --rank R CMD); only the job's owner can")
-    steps = sorted({r["slurm"].get("step") for r in rows}, key=int)
-    if len(steps) > 1:
-        raise UsageError(f"{what} has sandboxes in steps {', '.join(steps)} on this node",
-                         None, "choose one with --step")
-    if len(rows) > 1 and lowest:
-        rows = [min(rows, key=lambda r: int(r["slurm"].get("rank")))]
-    if len(rows) > 1:
-        ranks = sorted((r["slurm"].get("rank") for r in rows), key=int)
-        raise UsageError(f"{what} has ranks {', '.join(ranks)} on this node", None,
-                         "choose one with --rank")
-    return rows[0]
-
-
-def _owner_of_job(job, step, rank):
-    """Real root: the uid of the one other user with a running sandbox of
-    this Slurm task on the node, or None.  Their records are read only to
-    pick whose they are: exec then runs as that user (_become), who reads
-    them again as any of their own."""
-    from .. import rundir
-    found = set()
-    for uid, path in record.other_users():
-        try:
-            fd = rundir.trusted_dir(path, uid=uid)
-        except (rundir.Taken, OSError):
-            continue
-        try:
-            for _, rec in record.entries(fd, path, uid, clean=False):
-                t = rec.get("slurm")
-                if isinstance(t, dict) and t.get("job") == job and record.state(rec) == \
-                        "running" and step in (None, t.get("step")) and \
-                        rank in (None, t.get("rank")):
-                    found.add(uid)
-        finally:
-            os.close(fd)
-    return found.pop() if len(found) == 1 else None
-
-
-def _become(uid):
-    """Drop from real root to `uid` for good (its primary group, no other):
-    what follows runs with that user's privileges and finds its directories."""
-    import pwd
-    try:
-        pw = pwd.getpwuid(uid)
-        gid, home = pw.pw_gid, pw.pw_dir
-    except KeyError:
-        gid, home = uid, "/"
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
-    for var in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME"):
-        os.environ.pop(var, None)
-    os.environ["HOME"] = home
-
-
-def slurm_record(job, step=None, rank=None, lowest=False):
-    """The record of a running Slurm task's sandbox on this node, found as
-    `exec --job` finds it (also the SPANK plugin's join of a running named
-    container, hpc/spanktask.py): among the caller's own; real root finds a
-    user's by becoming that user for good first, never entering as root."""
-    try:
-        return _slurm_target(job, step, rank, lowest)
-    except SandboxError:
-        # Real root may enter a user's job: as that user, never as root.
-        owner = _owner_of_job(job, step, rank) if os.geteuid() == 0 else None
-        if owner is None:
-            raise
-        _become(owner)
-        return _slurm_target(job, step, rank, lowest)
-
-
-def main_exec(argv):
-    a = exec_parser().parse_args(argv)
-    words = a.command[1:] if a.command[:1] == ["--"] else a.command
-    slurm = a.job is not None or a.step is not None or a.rank is not None
-    if slurm:
-        job = a.job or os.environ.get("SLURM_JOB_ID")
-        if not job:
-            raise UsageError("exec --step/--rank: which job?", "no --job and no SLURM_JOB_ID",
-                             "give --job JOBID")
-        argv = words
-    else:
-        if not words:
-            raise UsageError("exec: missing NAME", None, "gpusandbox exec NAME CMD [ARG...]")
-        argv = words[1:]
-        if argv[:1] == ["--"]:
-            argv = argv[1:]
-    if not argv:
-        raise UsageError("exec: missing CMD", None, "gpusandbox exec NAME CMD [ARG...]")
-    from ..cli import parse_env_item, parse_user
-    for item in a.env:
-        parse_env_item(item)
-    user = parse_user(a.user) if a.user is not None else None
-    if a.workdir is not None and not a.workdir.startswith("/"):
-        raise UsageError(f"invalid --workdir {printable(a.workdir)!r}", "not an absolute path",
-                         "example: -w /workspace")
-    if slurm:
-        rec = slurm_record(job, a.step, a.rank)
-    else:
-        pfd, rec = _find(words[0])
-        os.close(pfd)
-        _running(rec)
-    from . import join
-    tty = a.tty and os.isatty(0)
-    plan = join.make_plan(rec, argv, a.env, a.workdir, tty, os.environ, user)
-    return join.run(rec, plan, tty)
 
 
 def _pidfd(rec, which):
