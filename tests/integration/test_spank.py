@@ -61,6 +61,19 @@ def njobs(tb):
     return len(r.stdout.split())
 
 
+def settle(tb, timeout=30):
+    """Wait until no job of the testbed is pending, running or completing: a
+    killed srun's job otherwise lives on in slurmctld, whose messages to that
+    srun's port can reach the next srun given the same port (it then fails
+    with "received spurious message type" and no allocation)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        r = tb.run(["squeue", "-h", "-t", "PD,R,CG", "-o", "%i"])
+        if r.returncode == 0 and not r.stdout.split():
+            return
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("opt, why", [
     ("--container-mounts=/a:b", "DST must be an absolute path"),
     ("--container-mounts=/a:/b:ro+rprivate", "unknown flag"),
@@ -276,6 +289,7 @@ def test_named_container_across_steps_and_jobs(tb, rootfs, workdir_base, test_us
     finally:
         p.kill()
         p.communicate(timeout=30)
+        settle(tb)
 
     r = srun(tb, ["--container-name=absent", "true"], user=user, env=env)
     assert r.returncode == 125 and "no such container" in r.stderr, r.stderr
@@ -505,3 +519,4 @@ def test_join_a_running_named_container(tb, rootfs, workdir_base, test_user, att
             tb.scancel(job)
         p.kill()
         p.communicate(timeout=30)
+        settle(tb)
