@@ -12,8 +12,7 @@ from .edits import OWN_FS, ContainerEdits, from_binds, from_edits, op_links, op_
 from .errors import SandboxError, UsageError
 from .imageroot import container_path, image_root, is_host_root, root_identity
 from .linux import sys as k
-from .plandev import _devices, _gpu
-from .planfabric import fabric
+from .plandev import _devices, _gpu, fabric
 from .spec import names_squashfs
 
 STD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")

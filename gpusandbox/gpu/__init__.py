@@ -18,6 +18,18 @@ from gpusandbox.errors import GpuError
 
 _TRUE = ("1", "t", "true", "y", "yes", "on")
 
+# The fabric's (gpusandbox/fabric) facts the planner reads on every launch,
+# here so that a launch that asks for no fabric device on a host without a
+# fabric adapter loads nothing of gpusandbox.fabric (plandev.fabric):
+# the caller's variables that ask for fabric devices (fabric/select.py reads
+# them), and the sysfs classes (under the sys root) whose entries are the
+# adapters a task may be given: RDMA HCAs and HPE Slingshot NICs
+# (fabric/discover.py reads them).  A host with neither entry has no fabric
+# adapter to choose.
+FABRIC_CALLER_VARS = ("MELLANOX_VISIBLE_DEVICES", "NVIDIA_MOFED", "NVIDIA_IMEX_CHANNELS",
+                      "NVIDIA_GDRCOPY", "NVIDIA_GDS", "NVIDIA_NVSWITCH")
+FABRIC_NIC_CLASSES = ("class/infiniband", "class/cxi_user")
+
 
 def disabled(env):
     return str(env.get("NVIDIA_DISABLE_REQUIRE", "")).strip().lower() in _TRUE

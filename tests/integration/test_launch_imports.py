@@ -41,7 +41,7 @@ NOT_ON_THE_PATH = {
     "gpusandbox.conffile",           # (settings.configured): every key its default
     "gpusandbox.sitehooks",          # and no site hooks directory
     "gpusandbox.fabric.discover",    # no --fabric and no fabric variable, and the
-    "gpusandbox.fabric.select",      # host has no fabric adapter (planfabric.has_adapters):
+    "gpusandbox.fabric.select",      # host has no fabric adapter (plandev.has_adapters):
     "gpusandbox.fabric.inject",      # the default request gives nothing, no /sys view
     "gpusandbox.fabric.sysview",     # either
     "gpusandbox.gpu.require",        # the image asks for nothing (gpu/__init__.requirements)

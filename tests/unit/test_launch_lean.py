@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpusandbox import conffile, planfabric, settings
+from gpusandbox import conffile, plandev, settings
 from gpusandbox.fabric import discover
 from gpusandbox.plan import LaunchPlan
 from gpusandbox.spec import RunSpec
@@ -80,7 +80,7 @@ def test_an_unconfigured_run_reads_no_site_module(tmp_path):
                                  "'gpusandbox.siterun']"), out.stderr
 
 
-# --- planfabric.has_adapters: gpusandbox.fabric's discover, select, inject -----------
+# --- plandev.has_adapters: gpusandbox.fabric's discover, select, inject -----------
 
 def _sim(tmp_path, hcas, cxis=()):
     (tmp_path / "proc").mkdir()
@@ -96,13 +96,13 @@ def _sim(tmp_path, hcas, cxis=()):
                                        ([], ["cxi0"]), (["mlx5_0"], ["cxi0"])])
 def test_has_adapters_sees_what_discovery_sees(tmp_path, hcas, cxis):
     root = _sim(tmp_path, hcas, cxis)
-    assert planfabric.has_adapters(root) == bool(discover.discover(root).nics())
+    assert plandev.has_adapters(root) == bool(discover.discover(root).nics())
 
 
 def test_has_adapters_without_a_sysfs_class(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n")
-    assert planfabric.has_adapters(str(tmp_path)) is False
+    assert plandev.has_adapters(str(tmp_path)) is False
     assert discover.discover(str(tmp_path)).hcas == []
 
 
