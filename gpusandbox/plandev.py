@@ -49,11 +49,11 @@ def _inject(plan, spec, rootfd, req, req_env, host_env):
     if spec.gpu_visibility == "step":
         from .hpc import gpuvis
         sel = gpuvis.widen(sel, host, host_env, plan.notes)
-    from .gpu import compat, disabled, requirements
+    from .gpu import disabled, requirements
     # The host's own driver in the host's own root is used as the host's
     # loader finds it: no cache is written, so no compat choice either.
     decision = None if plan.host_root and _same_root(roots[0]) else \
-        compat.for_launch(spec.cuda_compat, rootfd, host, sel, plan.notes)
+        _compat(spec.cuda_compat, rootfd, host, sel, plan.notes)
     # The requirement check (gpu/require.py) only when the image asks for
     # something or the check is turned off (its warning says so).
     skip = spec.no_require or disabled(req_env) or disabled(host_env)
@@ -80,6 +80,19 @@ def _inject(plan, spec, rootfd, req, req_env, host_env):
     plan.edits.extend(edits)
     plan.device_rules = inject.device_rules(host, sel)
     return edits.env
+
+
+def _compat(mode, rootfd, host, sel, notes):
+    """gpu.compat.for_launch, which is loaded only for an image that has a
+    forward-compatibility directory (or --cuda-compat off/force)."""
+    from .gpu import compat_absent, compat_noted
+    from .gpu.discover import effective_caps
+    if "compute" in effective_caps(sel.caps):
+        absent = compat_absent(mode, rootfd)
+        if absent is not None:
+            return compat_noted(absent, notes)
+    from .gpu import compat
+    return compat.for_launch(mode, rootfd, host, sel, notes)
 
 
 def _same_root(driver_root):

@@ -106,6 +106,54 @@ def test_has_adapters_without_a_sysfs_class(tmp_path):
     assert discover.discover(str(tmp_path)).hcas == []
 
 
+# --- gpu.compat_absent: gpu/compat.py -------------------------------------------
+
+def _compat_image(tmp_path, layout):
+    root = tmp_path / "img"
+    (root / "usr/local").mkdir(parents=True)
+    if layout == "dir":
+        (root / "usr/local/cuda/compat").mkdir(parents=True)
+    elif layout == "file":
+        (root / "usr/local/cuda").mkdir()
+        (root / "usr/local/cuda/compat").write_text("")
+    elif layout == "escape":        # resolved inside the image: the host's /tmp is not it
+        (root / "usr/local/cuda").mkdir()
+        os.symlink(str(tmp_path / "outside"), root / "usr/local/cuda/compat")
+        (tmp_path / "outside").mkdir()
+    elif layout == "dangling":
+        os.symlink("cuda-12.9", root / "usr/local/cuda")
+    return str(root)
+
+
+@pytest.mark.parametrize("layout", ["none", "dir", "file", "escape", "dangling"])
+@pytest.mark.parametrize("mode", ["auto", "off", "force"])
+def test_compat_absent_is_what_decide_says_without_loading_it(tmp_path, layout, mode):
+    from gpusandbox.errors import GpuError
+    from gpusandbox.gpu import compat, compat_absent
+    root = _compat_image(tmp_path, layout)
+    fast = compat_absent(mode, root)
+    if fast is None:
+        return      # compat.decide reads the image itself
+    assert mode == "auto"
+    try:
+        d = compat.decide(mode, root, "550.54.15", ["Tesla"])
+    except GpuError:
+        pytest.fail("compat_absent decided where compat.decide refuses")
+    assert (fast.use, fast.reason, fast.version, fast.entries) == \
+        (d.use, d.reason, d.version, d.entries)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:        # the planner passes the image's held fd
+        assert compat_absent(mode, fd).reason == d.reason
+    finally:
+        os.close(fd)
+
+
+def test_compat_absent_leaves_an_image_with_compat_libraries_to_compat(tmp_path):
+    from gpusandbox.gpu import compat_absent
+    assert compat_absent("auto", _compat_image(tmp_path, "dir")) is None
+    assert compat_absent("auto", _compat_image(tmp_path / "b", "none")) is not None
+
+
 # --- LaunchPlan.container_settings: stages/ocisetup.py -------------------------------
 
 def test_a_plain_plan_has_no_container_settings():
