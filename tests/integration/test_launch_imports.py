@@ -15,7 +15,7 @@ PYTHON = str(VENV / "bin" / "python3")
 
 # Issue 24's target is 35; LIMIT is what the launch path imports today, so a
 # module added to it fails here until it is paid for (docs/bench.md).
-LIMIT = 45
+LIMIT = 43
 
 # Each of these is heavy or compiles at import, and the launch does not need
 # it: whatever would pull one in must import it where it is used.
@@ -37,6 +37,9 @@ NOT_ON_THE_PATH = {
     "gpusandbox.linux.cgempty",      # rootless: no leaf to empty
     "gpusandbox.linux.cgroupres",    # no --memory, --pids-limit, --cpus: no limits
     "gpusandbox.linux.cgroupv1",     # no limits: no v1 leaf
+    "gpusandbox.linux.seccompbpf",   # the shipped program (linux.seccomp loads the
+                                     # compiler only on a miss)
+    "zlib",                          # the kept program's check is linux.seccomp._sum
     "gpusandbox.siterun",            # no site or user file, no GPUSANDBOX_* variable
     "gpusandbox.conffile",           # (settings.configured): every key its default
     "gpusandbox.sitehooks",          # and no site hooks directory

@@ -154,6 +154,32 @@ def test_compat_absent_leaves_an_image_with_compat_libraries_to_compat(tmp_path)
     assert compat_absent("auto", _compat_image(tmp_path / "b", "none")) is not None
 
 
+# --- linux.seccomp: seccompbpf and zlib only on a miss ----------------------------
+
+def test_a_shipped_program_loads_neither_the_compiler_nor_zlib(tmp_path):
+    code = ("import sys\n"
+            f"sys.path.insert(0, {REPO!r})\n"
+            "from gpusandbox.linux import seccomp\n"
+            "prog = seccomp.compile_profile('default')\n"
+            "print(len(prog), sorted(m for m in sys.modules if m in "
+            "('gpusandbox.linux.seccompbpf', 'zlib', 'json')))\n")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                         text=True, cwd="/", check=True,
+                         env={"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path)}
+                         ).stdout.split(None, 1)
+    assert int(out[0]) > 0 and out[1].strip() == "[]", out
+    assert not list(tmp_path.iterdir())     # no cache entry either: the shipped program
+
+
+def test_the_compiler_names_stay_importable_from_seccomp():
+    from gpusandbox.linux import seccomp, seccompbpf
+    from gpusandbox.linux.seccomp import JEQ, assemble, parse
+    assert (JEQ, assemble, parse) == (seccompbpf.JEQ, seccompbpf.assemble, seccompbpf.parse)
+    assert seccomp.LD_W_ABS == seccompbpf.LD_W_ABS and seccomp.OFF_ARCH == 4
+    with pytest.raises(AttributeError):
+        seccomp.no_such_name
+
+
 # --- LaunchPlan.container_settings: stages/ocisetup.py -------------------------------
 
 def test_a_plain_plan_has_no_container_settings():
