@@ -107,3 +107,69 @@ def build(spec, host_env, image_env, gpu_env, home, tty_term=None, user=None, de
     for key, val in (user_rows(spec, host_env) if user is None else user):
         env[key] = val
     return env
+
+
+# --- the image's rows (3 in the table above) ---------------------------------
+# Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
+_MAX_ENV_ITEMS = 4096
+
+
+def config_env(config, rootfs):
+    """(env items, cwd) of a bundle's config.json, every field checked as
+    data of the expected type: the file is the image's, not ours."""
+    import json
+
+    def bad(why):
+        return UsageError(f"invalid OCI config.json next to {rootfs}", why,
+                          "fix the bundle's config.json or point at its rootfs/")
+    try:
+        conf = json.loads(config)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise bad("not valid JSON (or nested too deeply)") from None
+    if not isinstance(conf, dict):
+        raise bad("not a JSON object")
+    proc = conf.get("process")
+    proc = {} if proc is None else proc
+    if not isinstance(proc, dict):
+        raise bad("process is not an object")
+    env = proc.get("env")
+    env = [] if env is None else env
+    if not isinstance(env, list):
+        raise bad("process.env is not a list of strings")
+    if len(env) > _MAX_ENV_ITEMS:
+        raise bad(f"process.env has {len(env)} entries (at most {_MAX_ENV_ITEMS})")
+    items = []
+    for item in env:
+        if not isinstance(item, str):
+            raise bad(f"process.env holds a {type(item).__name__}, not a KEY=VALUE string")
+        if "\0" in item:
+            raise bad("process.env holds a NUL character")
+        key, eq, val = item.partition("=")
+        if eq and key:
+            items.append((key, val))
+    cwd = proc.get("cwd")
+    if cwd is not None and (not isinstance(cwd, str) or "\0" in cwd):
+        raise bad("process.cwd is not a path string")
+    return items, cwd if cwd and cwd.startswith("/") else None
+
+
+def image_env(rootfs, config, rootfd=None):
+    """(env items, workdir) from the bundle's config.json or /etc/environment."""
+    if config is not None:
+        return config_env(config, rootfs)
+    from .linux.sys import read_in_root
+    text = read_in_root(rootfs if rootfd is None else rootfd, "/etc/environment", 1 << 20)
+    if not text:
+        return [], None
+    try:
+        return parse_env_lines(text.decode("utf-8", "replace"),
+                                      rootfs + "/etc/environment"), None
+    except UsageError:
+        # A malformed image file is the image author's problem, not a reason to
+        # refuse the launch: keep the lines that parse.
+        good = []
+        for line in text.decode("utf-8", "replace").splitlines():
+            key, eq, val = line.strip().partition("=")
+            if eq and key and "\0" not in line and all(c.isalnum() or c == "_" for c in key):
+                good.append((key, val.strip("\"'")))
+        return good, None

@@ -7,13 +7,11 @@ import os
 import stat
 
 from . import environ as envmod
-from . import netdefault
 from .edits import OWN_FS, ContainerEdits, from_binds, from_edits, op_links, op_points
 from .errors import SandboxError, UsageError
 from .imageroot import container_path, image_root, is_host_root, root_identity
 from .linux import sys as k
-from .plandev import _devices, _gpu
-from .planfabric import fabric
+from .plandev import _devices, _gpu, fabric
 from .spec import names_squashfs
 
 STD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -193,68 +191,63 @@ class LaunchPlan:
                     or self.domainname or self.sysctl or self.rootfs_propagation is not None)
 
 
-# Bounds on a bundle's process.env (its config.json is at most 4 MiB anyway).
-_MAX_ENV_ITEMS = 4096
+# --- the default network namespace (_identity calls it once the command's host uid
+# is known): the host's only when that uid is one the caller chose.
+
+def host_net_risk(plan, spec, real_root):
+    """Why the host's network namespace is no default for this command (a
+    host uid the caller did not choose as its own), or None.
+
+    Host daemons on abstract unix sockets (D-Bus session buses, X11, the
+    containerd shim) live in the network namespace, not the filesystem, so no
+    mount hides them, and they trust the peer uid SO_PEERCRED reports.
+    uid 0 there is root to every such daemon (containerd-shim,
+    CVE-2020-15257; a user namespace of a root caller maps uid 0 inside to
+    uid 0 outside).  Under root, an image's User picks the host uid too: an
+    image saying `User: 1006` would be uid 1006 to that user's session
+    daemons, though neither the caller nor uid 1006 chose it.  The caller's
+    own uid (rootless: daemons already see the caller) and a uid the caller
+    names with --user are the caller's decision, so those keep the host's."""
+    if real_root and plan.cmd_uid == 0:
+        return "the command is uid 0 on the host"
+    if real_root and spec.user_by_image:
+        return (f"the command's host uid {plan.cmd_uid} is the image's User, not a uid "
+                "you chose with --user")
+    return None
 
 
-def _config_env(config, rootfs):
-    """(env items, cwd) of a bundle's config.json, every field checked as
-    data of the expected type: the file is the image's, not ours."""
-    import json
-
-    def bad(why):
-        return UsageError(f"invalid OCI config.json next to {rootfs}", why,
-                          "fix the bundle's config.json or point at its rootfs/")
-    try:
-        conf = json.loads(config)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        raise bad("not valid JSON (or nested too deeply)") from None
-    if not isinstance(conf, dict):
-        raise bad("not a JSON object")
-    proc = conf.get("process")
-    proc = {} if proc is None else proc
-    if not isinstance(proc, dict):
-        raise bad("process is not an object")
-    env = proc.get("env")
-    env = [] if env is None else env
-    if not isinstance(env, list):
-        raise bad("process.env is not a list of strings")
-    if len(env) > _MAX_ENV_ITEMS:
-        raise bad(f"process.env has {len(env)} entries (at most {_MAX_ENV_ITEMS})")
-    items = []
-    for item in env:
-        if not isinstance(item, str):
-            raise bad(f"process.env holds a {type(item).__name__}, not a KEY=VALUE string")
-        if "\0" in item:
-            raise bad("process.env holds a NUL character")
-        key, eq, val = item.partition("=")
-        if eq and key:
-            items.append((key, val))
-    cwd = proc.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or "\0" in cwd):
-        raise bad("process.cwd is not a path string")
-    return items, cwd if cwd and cwd.startswith("/") else None
+_NET_WARNING = "cannot reach each other over TCP"
 
 
-def _image_env(rootfs, config, rootfd=None):
-    """(env items, workdir) from the bundle's config.json or /etc/environment."""
-    if config is not None:
-        return _config_env(config, rootfs)
-    text = k.read_in_root(rootfs if rootfd is None else rootfd, "/etc/environment", 1 << 20)
-    if not text:
-        return [], None
-    try:
-        return envmod.parse_env_lines(text.decode("utf-8", "replace"),
-                                      rootfs + "/etc/environment"), None
-    except UsageError:
-        # A malformed image file is the image author's problem, not a reason to
-        # refuse the launch: keep the lines that parse.
-        good = []
-        for line in text.decode("utf-8", "replace").splitlines():
-            key, eq, val = line.strip().partition("=")
-            if eq and key and "\0" not in line and all(c.isalnum() or c == "_" for c in key):
-                good.append((key, val.strip("\"'")))
-        return good, None
+def resolve_net(plan, spec, risk, host_env):
+    """Resolve the default network namespace into spec.net: a private one
+    (loopback up) when `risk` says why the host's is not safe to default to,
+    else the host's.  This holds inside Slurm steps too: ranks that get a
+    private one and talk TCP need --net host, which a multi-task step is
+    told.  A .sqsh file's User plans the identity a second time: what the
+    first pass said about the network is replaced."""
+    plan.notes[:] = [n for n in plan.notes if not n.startswith("network: ")]
+    plan.warnings[:] = [w for w in plan.warnings if _NET_WARNING not in w]
+    if spec.net is None:
+        spec.net = "none" if risk else "host"
+        if risk:
+            plan.notes.append(f"network: private namespace, loopback only ({risk}; "
+                              "--net host shares the host's)")
+            tasks = host_env.get("SLURM_STEP_NUM_TASKS") or host_env.get("SLURM_NTASKS") or ""
+            if host_env.get("SLURM_STEP_ID") and tasks.isdigit() and int(tasks) > 1:
+                plan.warnings.append(
+                    f"note: the command runs as uid {plan.cmd_uid} in a private network "
+                    f"namespace, so the {tasks} tasks of this Slurm step {_NET_WARNING}; "
+                    "pass --net host if they must")
+    elif spec.net == "host" and risk:
+        if plan.cmd_uid == 0:
+            plan.notes.append("network: the host's (--net host): the command is uid 0 to host "
+                              "services on abstract unix sockets; CAP_NET_RAW and "
+                              "CAP_NET_BIND_SERVICE dropped")
+        else:
+            plan.notes.append(f"network: the host's (--net host): the command is uid "
+                              f"{plan.cmd_uid} (the image's User) to host services on "
+                              "abstract unix sockets")
 
 
 def _identity(plan, spec, host_env=None):
@@ -304,7 +297,7 @@ def _identity(plan, spec, host_env=None):
             plan.idmap = ("full", idmap.ranges(inside_uid, uid, su),
                           idmap.ranges(inside_gid, gid, sg))
             plan.clear_groups = True
-    netdefault.resolve(plan, spec, netdefault.host_net_risk(plan, spec, real_root),
+    resolve_net(plan, spec, host_net_risk(plan, spec, real_root),
                        os.environ if host_env is None else host_env)
     from .linux.caps import root_caps
     set_caps(plan, root_caps(spec.net == "host") if plan.cmd_uid == 0 else ())
@@ -362,7 +355,7 @@ def build(spec, host_env=None):
         if plan.squash:
             # The image config a `pull -o` file carries (image/sqshconfig.py);
             # its User, once resolved, is the identity chosen again, and
-            # with it the default network (netdefault.py).
+            # with it the default network (resolve_net).
             from .image import sqshconfig
             if sqshconfig.apply(plan, spec.image):
                 spec.net = asked_net
@@ -380,7 +373,7 @@ def build(spec, host_env=None):
     if spec.image_env is not None:
         image_env, image_cwd = spec.image_env   # a store image (image/storeread.py)
     else:
-        image_env, image_cwd = _image_env(plan.rootfs, config, rootfd)
+        image_env, image_cwd = envmod.image_env(plan.rootfs, config, rootfd)
     user_env = envmod.user_rows(spec, host_env)
     # An OCI config's root.path is the container's own root (podman's
     # --rootfs, its overlay): written to as runc and the hook do, the driver

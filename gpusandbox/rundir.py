@@ -34,11 +34,13 @@ their own for this call.
 
 Light: os, stat and errno only (the OCI fast paths call it).
 """
-import errno
 import os
 import stat
 
-from .linux.host import host_uid, real_root, root_uids
+from .linux.host import host_uid, real_root, root_uids  # noqa: F401 (root_uids: API)
+# The one rule (Taken, trusted_dir, ensure_dir) is linux/host.py's, so that the
+# GPU discovery's check of the MPS pipe directory loads no more than it.
+from .linux.host import _DIR, Taken, _check_step, ensure_dir, trusted_dir  # noqa: F401
 
 ROOT_BASE = "/run/gpusandbox"
 ROOT_OCI = "/run/gpusandbox-oci"
@@ -56,109 +58,11 @@ PARTS = {
 ROOT_BASE_MODE = 0o755
 USER_MODE = 0o700
 HINT_XDG = "set XDG_RUNTIME_DIR to a directory of your own (mode 0700) and run again"
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class Taken(Exception):
-    """A directory is not the caller's or not closed to others: (path, why)."""
-
-    def __init__(self, path, why, foreign):
-        super().__init__(path, why)
-        self.path, self.why, self.foreign = path, why, foreign
 
 
 def _error(path, why, hint):
     from .errors import UsageError
     return UsageError(f"runtime directory {path}", why, hint)
-
-
-# --- the one rule --------------------------------------------------------------
-def _check_step(fd, path, last, uid, roots=(0,)):
-    st = os.fstat(fd)
-    if (st.st_uid not in roots and st.st_uid != uid) or (last and st.st_uid != uid):
-        raise Taken(path, f"owned by uid {st.st_uid}, not by you (uid {uid})", True)
-    if st.st_mode & 0o022 and not (st.st_mode & stat.S_ISVTX and not last):
-        raise Taken(path, f"mode {st.st_mode & 0o7777:04o} lets others write to it",
-                    st.st_uid != uid or not last)
-    return st
-
-
-def trusted_dir(path, uid=None, own=True, links=False, make=None):
-    """A descriptor of directory `path`, opened from / one component at a
-    time without following a symlink; every component owned by root or
-    `uid` (default: the caller) and writable by no one else unless sticky,
-    the last one `uid`'s when `own` (else root's or `uid`'s, closed to
-    writes).  Taken when not; OSError (ENOENT, ELOOP, ENOTDIR) as the
-    kernel says.
-
-    `links`: for a path the caller names itself (gpusandbox-oci --root), a
-    symlink of root's or `uid`'s is followed and its target walked by the
-    same rule (a link in a directory that passed is as fixed as that
-    directory: /var/run -> /run); anyone else's is refused.  `make`: the
-    mode a missing component is made with (ensure_dir)."""
-    uid = os.geteuid() if uid is None else uid
-    if not path.startswith("/"):
-        raise Taken(path, "not an absolute path", False)
-    todo = [p for p in path.split("/") if p and p != "."]
-    if ".." in todo:
-        raise Taken(path, "has '..' in it", False)
-    todo.reverse()
-    # Inside a user namespace the host's root shows as the overflow uid (any
-    # unmapped owner does: a path through a directory of another user is the
-    # caller's own choice, never one made here).
-    roots = root_uids()
-    # (descriptor, path) of each directory on the way down: a link's '..'
-    # goes back up to one already checked.
-    walk = [(os.open("/", _DIR), "/")]
-    hops = 0
-    try:
-        _check_step(walk[0][0], "/", False, uid, roots)
-        while todo:
-            name = todo.pop()
-            fd, cur = walk[-1]
-            if name == "..":
-                if len(walk) > 1:
-                    os.close(walk.pop()[0])
-                continue
-            sub = cur.rstrip("/") + "/" + name
-            try:
-                nfd = os.open(name, _DIR, dir_fd=fd)
-            except FileNotFoundError:
-                if make is None:
-                    raise
-                nfd = ensure_dir(fd, cur, name, make)
-            except OSError as e:
-                if not links or e.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    raise
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if not stat.S_ISLNK(st.st_mode):
-                    raise
-                if st.st_uid not in roots and st.st_uid != uid:
-                    raise Taken(sub, f"a symbolic link owned by uid {st.st_uid}, not by root "
-                                f"or you (uid {uid})", True) from None
-                hops += 1
-                if hops > 40:       # the kernel's own limit (path_resolution(7))
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), sub) from None
-                target = os.readlink(name, dir_fd=fd)
-                if target.startswith("/"):
-                    while len(walk) > 1:
-                        os.close(walk.pop()[0])
-                todo.extend(reversed([p for p in target.split("/") if p and p != "."]))
-                continue
-            walk.append((nfd, sub))
-            _check_step(nfd, sub, False, uid, roots)
-        fd, cur = walk[-1]
-        st = os.fstat(fd)
-        if own:
-            _check_step(fd, cur, True, uid, roots)
-        elif (st.st_uid not in roots and st.st_uid != uid) or st.st_mode & 0o022:
-            raise Taken(cur, f"owned by uid {st.st_uid} with mode {st.st_mode & 0o7777:04o}: "
-                        "not root's or yours, closed to others", st.st_uid != uid)
-        walk.pop()
-        return fd
-    finally:
-        for fd, _ in walk:
-            os.close(fd)
 
 
 def read_owned(dir_fd, name, limit, uid=None, closed=False):
@@ -191,37 +95,6 @@ def read_owned(dir_fd, name, limit, uid=None, closed=False):
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def ensure_dir(parent_fd, parent, name, mode):
-    """parent/name as a directory of the caller's with exactly `mode`: made
-    when missing, repaired when the caller's with another mode; Taken when
-    it is anything else.  Returns its descriptor."""
-    path = os.path.join(parent, name)
-    try:
-        os.mkdir(name, mode, dir_fd=parent_fd)
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(name, _DIR, dir_fd=parent_fd)
-    except OSError as e:
-        # ELOOP/ENOTDIR: a link or a file under that name.
-        raise Taken(path, "not a directory (a link or a file is there)", True) from e
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise Taken(path, f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})", True)
-        if st.st_mode & 0o7777 != mode:
-            # A mode an older version left is repaired; one that let others
-            # write may hold what they planted: not ours to trust.
-            if st.st_mode & 0o022:
-                raise Taken(path, f"mode {st.st_mode & 0o7777:04o} lets others write to it",
-                            False)
-            os.fchmod(fd, mode)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 # --- where ----------------------------------------------------------------------

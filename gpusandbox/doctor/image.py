@@ -35,11 +35,11 @@ def load_image(image_dir):
     functions pick a bundle's rootfs/ (never the bundle's own root.path, which
     the launcher ignores) and its process.env, else the directory and its
     /etc/environment."""
-    from gpusandbox import plan
+    from gpusandbox import environ
     from gpusandbox.imageroot import image_root
     root, rootfd, config = image_root(image_dir)
     try:
-        items, _cwd = plan._image_env(root, config, rootfd)
+        items, _cwd = environ.image_env(root, config, rootfd)
     finally:
         os.close(rootfd)
     return root, dict(items)

@@ -14,7 +14,7 @@ def mounted(image, userns="auto"):
     block runs; `userns` is doctor's --userns (kernel squashfs only for real
     root in the host user namespace, as for run).  The env is the carried image config's (`pull -o`), else
     the file's /etc/environment, as `run` reads them."""
-    from gpusandbox import plan as planmod
+    from gpusandbox import environ
     from gpusandbox.image import squash, squashfuse, sqshconfig
     fake = types.SimpleNamespace(spec=types.SimpleNamespace(rootfs_mode="ro"),
                                  userns="host" if os.geteuid() == 0 and userns in ("auto", "host")
@@ -24,7 +24,7 @@ def mounted(image, userns="auto"):
     try:
         root = f"/proc/self/fd/{fd}"
         conf = sqshconfig.load(fd, image)
-        env = list(conf.env) if conf is not None else planmod._image_env(root, None, fd)[0]
+        env = list(conf.env) if conf is not None else environ.image_env(root, None, fd)[0]
         yield root, dict(env)
     finally:
         os.close(fd)

@@ -2,14 +2,9 @@
 NVSwitch and IMEX nodes (discover, select, inject), the host's verbs
 libraries (libs) and the host's MPI (mpi).
 
-Nothing is imported here: the planner reads CALLER_VARS on every launch to
-decide whether this package is needed at all."""
-
-# The caller's variables that ask for fabric devices (select.py reads them).
-CALLER_VARS = ("MELLANOX_VISIBLE_DEVICES", "NVIDIA_MOFED", "NVIDIA_IMEX_CHANNELS",
-               "NVIDIA_GDRCOPY", "NVIDIA_GDS", "NVIDIA_NVSWITCH")
-
-# The sysfs classes (under the sys root) whose entries are the adapters a
-# task may be given: RDMA HCAs and HPE Slingshot NICs (discover.py reads
-# them).  A host with neither entry has no fabric adapter to choose.
-NIC_CLASSES = ("class/infiniband", "class/cxi_user")
+The caller's fabric variables and the adapters' sysfs classes are defined
+in gpusandbox.gpu, which every GPU launch loads anyway: the planner reads
+them on every launch to decide whether this package is needed at all
+(plandev.fabric)."""
+from gpusandbox.gpu import FABRIC_CALLER_VARS as CALLER_VARS  # noqa: F401
+from gpusandbox.gpu import FABRIC_NIC_CLASSES as NIC_CLASSES  # noqa: F401

@@ -18,6 +18,18 @@ from gpusandbox.errors import GpuError
 
 _TRUE = ("1", "t", "true", "y", "yes", "on")
 
+# The fabric's (gpusandbox/fabric) facts the planner reads on every launch,
+# here so that a launch that asks for no fabric device on a host without a
+# fabric adapter loads nothing of gpusandbox.fabric (plandev.fabric):
+# the caller's variables that ask for fabric devices (fabric/select.py reads
+# them), and the sysfs classes (under the sys root) whose entries are the
+# adapters a task may be given: RDMA HCAs and HPE Slingshot NICs
+# (fabric/discover.py reads them).  A host with neither entry has no fabric
+# adapter to choose.
+FABRIC_CALLER_VARS = ("MELLANOX_VISIBLE_DEVICES", "NVIDIA_MOFED", "NVIDIA_IMEX_CHANNELS",
+                      "NVIDIA_GDRCOPY", "NVIDIA_GDS", "NVIDIA_NVSWITCH")
+FABRIC_NIC_CLASSES = ("class/infiniband", "class/cxi_user")
+
 
 def disabled(env):
     return str(env.get("NVIDIA_DISABLE_REQUIRE", "")).strip().lower() in _TRUE
@@ -65,6 +77,56 @@ _MAX_NAMES = 65536
 _MAX_TOOLKITS = 16
 _VERSION_FILE_LIMIT = 256 << 10
 
+
+
+# --- CUDA forward compatibility (compat.py) ----------------------------------
+# The directory and the decision are here so that a launch whose image has no
+# compat directory (most) decides without loading compat.py: compat_absent.
+COMPAT_DIR = "/usr/local/cuda/compat"
+
+
+class Decision:
+    """use: the loader prefers the compat libraries; reason: one line for
+    --verbose; version: the compat libcuda's; entries: [(soname, container
+    path)] the loader cache gets when used; drivers: the note's list."""
+    __slots__ = ("use", "reason", "version", "entries", "drivers")
+
+    def __init__(self, use, reason, version=None, entries=(), drivers=None):
+        self.use, self.reason, self.version = use, reason, version
+        self.entries, self.drivers = list(entries), drivers
+
+    def __repr__(self):
+        return f"Decision(use={self.use}, {self.reason!r})"
+
+
+def no_compat_dir():
+    """compat.decide's Decision (auto) for an image without COMPAT_DIR."""
+    return Decision(False, f"the image carries no forward-compatibility libraries ({COMPAT_DIR})")
+
+
+def compat_absent(mode, image_root):
+    """The Decision compat.decide returns for an image (its held fd, or a
+    path) in which COMPAT_DIR cannot be opened, when mode is auto; None
+    where compat.decide has more to read (or to refuse: force)."""
+    if mode != "auto":
+        return None
+    from gpusandbox.linux import sys as lsys
+    rootfd, owned = lsys.tree_fd(image_root)
+    try:
+        os.close(lsys.openat2(rootfd, COMPAT_DIR.lstrip("/"),
+                              os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK))
+    except OSError:
+        return no_compat_dir()
+    finally:
+        if owned:
+            os.close(rootfd)
+    return None
+
+
+def compat_noted(decision, notes):
+    """The decision, its reason added to the --verbose notes."""
+    notes.append("cuda-compat: " + decision.reason)
+    return decision
 
 class _Scan:
     """What one look at the image may still read: names in all, and the

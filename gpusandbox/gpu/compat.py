@@ -23,9 +23,9 @@ import struct
 from gpusandbox.errors import GpuError
 from gpusandbox.linux import sys as lsys
 
+from . import COMPAT_DIR, Decision, compat_noted, no_compat_dir  # noqa: F401 (Decision: API)
 from .discover import effective_caps
 
-COMPAT_DIR = "/usr/local/cuda/compat"
 NOTE_SECTION = b".note.cuda.fwd_compatibility"
 NOTE_OWNER = b"NVIDIA Corporation"
 MODES = ("auto", "off", "force")
@@ -59,20 +59,6 @@ def _cuda_version(name):
     ver = name.removeprefix("libcuda.so.")
     return ver if ver != name and _dotted(ver, (2, 3), 4) and len(ver.split(".")[0]) >= 2 \
         else None
-
-
-class Decision:
-    """use: the loader prefers the compat libraries; reason: one line for
-    --verbose; version: the compat libcuda's; entries: [(soname, container
-    path)] the loader cache gets when used; drivers: the note's list."""
-    __slots__ = ("use", "reason", "version", "entries", "drivers")
-
-    def __init__(self, use, reason, version=None, entries=(), drivers=None):
-        self.use, self.reason, self.version = use, reason, version
-        self.entries, self.drivers = list(entries), drivers
-
-    def __repr__(self):
-        return f"Decision(use={self.use}, {self.reason!r})"
 
 
 def _vtuple(text):
@@ -203,7 +189,7 @@ def _decide(mode, rootfd, host_version, brands):
         if mode == "force":
             raise GpuError("--cuda-compat force", f"the image has no {COMPAT_DIR}",
                            hint="use an image carrying cuda-compat, or --cuda-compat auto")
-        return Decision(False, f"the image carries no forward-compatibility libraries ({COMPAT_DIR})")
+        return no_compat_dir()
     cuda = sorted(n for n in names if _cuda_version(n))
     if len(cuda) != 1:
         why = "none" if not cuda else f"{len(cuda)} ({', '.join(cuda[:3])})"
@@ -275,6 +261,4 @@ def for_launch(mode, image_root, host, sel, notes):
         from .require import gpu_brand
         return [getattr(g, "brand", None) or gpu_brand(getattr(g, "model", None))
                 for g in sel.node_gpus()]
-    decision = decide(mode, image_root, host.version, brands)
-    notes.append("cuda-compat: " + decision.reason)
-    return decision
+    return compat_noted(decide(mode, image_root, host.version, brands), notes)

@@ -389,14 +389,16 @@ def _mps_dir(host, mps):
     root's (the system daemon) or the caller's.  Its inode is kept: the
     sandbox's init binds that one or fails.  Anything else is left out with
     a note (`list`, `run --verbose`)."""
-    from gpusandbox import rundir
+    # rundir's rule, from linux/host.py, where it lives (rundir itself is not
+    # loaded: a launch has no runtime directory of its own to find).
+    from gpusandbox.linux.host import Taken, trusted_dir
     if not mps.startswith("/"):
         return
     # The driver root is the caller's own choice; below it is the shared place.
     path = os.path.realpath(host.driver_root).rstrip("/") + "/" + mps.strip("/")
     try:
-        fd = rundir.trusted_dir(path, own=False)
-    except rundir.Taken as e:
+        fd = trusted_dir(path, own=False)
+    except Taken as e:
         why = e.why if e.path == path else f"{e.path}: {e.why}"
         host.notes.append(("compute", f"MPS pipe directory {path} not injected: {why}"))
         return

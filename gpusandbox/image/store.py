@@ -47,7 +47,7 @@ SUBDIRS = ("blobs", "blobs/sha256", "blobs/sha512", "images", "layers", "refs", 
 def bundle_config(conf):
     """The OCI runtime bundle config.json next to rootfs/: the image's Env
     and WorkingDir, which `run` of the bundle reads as row 3 of the
-    environment table and the default -w (plan._config_env checks it again)."""
+    environment table and the default -w (environ.config_env checks it again)."""
     import json
     proc = {"env": [f"{k}={v}" for k, v in conf.env], "cwd": conf.workdir or "/",
             "args": (conf.entrypoint or []) + (conf.cmd or [])}

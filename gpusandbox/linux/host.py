@@ -5,7 +5,11 @@
   whether its user namespace denies setgroups(2);
 - the one way to join namespaces (open_ns, join_ns), by the one table of
   namespace types (OCI name, /proc/PID/ns name, clone flag), which lives in
-  linux/__init__.py and is named here too.
+  linux/__init__.py and is named here too;
+- the one rule for a directory taken from a shared or user-writable place
+  (trusted_dir, ensure_dir; rundir.py's, docs/runtime.md): walked from / by
+  descriptor, without following a link, each component root's or the
+  caller's and closed to others' writes.
 
 Rootless podman and docker run hooks and runtimes as uid 0 of a user
 namespace: the euid says root, the host says the user.  Every part that
@@ -16,9 +20,10 @@ bin/gpusandbox-oci computes host_uid and initial_userns in sh (its
 settings lookup); tests hold them to these functions.
 
 Light on purpose: the OCI fast paths import this before anything else
-(os only; join_ns loads the ctypes layer when it is called).
+(os and stat only; join_ns loads the ctypes layer when it is called).
 """
 import os
+import stat
 
 # The one table of namespace types is the package's (linux/__init__.py),
 # below both this module and sys.py; its names are this module's API too.
@@ -229,3 +234,135 @@ def userns_maps(path):
         v = [int(x) for x in part.split()]
         out.append([tuple(v[i:i + 3]) for i in range(0, len(v) - 2, 3)])
     return out[0], out[1]
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Taken(Exception):
+    """A directory is not the caller's or not closed to others: (path, why)."""
+
+    def __init__(self, path, why, foreign):
+        super().__init__(path, why)
+        self.path, self.why, self.foreign = path, why, foreign
+
+
+# --- the one rule for shared places (rundir.py, docs/runtime.md) --------------------------------------------------------------
+def _check_step(fd, path, last, uid, roots=(0,)):
+    st = os.fstat(fd)
+    if (st.st_uid not in roots and st.st_uid != uid) or (last and st.st_uid != uid):
+        raise Taken(path, f"owned by uid {st.st_uid}, not by you (uid {uid})", True)
+    if st.st_mode & 0o022 and not (st.st_mode & stat.S_ISVTX and not last):
+        raise Taken(path, f"mode {st.st_mode & 0o7777:04o} lets others write to it",
+                    st.st_uid != uid or not last)
+    return st
+
+
+def trusted_dir(path, uid=None, own=True, links=False, make=None):
+    """A descriptor of directory `path`, opened from / one component at a
+    time without following a symlink; every component owned by root or
+    `uid` (default: the caller) and writable by no one else unless sticky,
+    the last one `uid`'s when `own` (else root's or `uid`'s, closed to
+    writes).  Taken when not; OSError (ENOENT, ELOOP, ENOTDIR) as the
+    kernel says.
+
+    `links`: for a path the caller names itself (gpusandbox-oci --root), a
+    symlink of root's or `uid`'s is followed and its target walked by the
+    same rule (a link in a directory that passed is as fixed as that
+    directory: /var/run -> /run); anyone else's is refused.  `make`: the
+    mode a missing component is made with (ensure_dir)."""
+    uid = os.geteuid() if uid is None else uid
+    if not path.startswith("/"):
+        raise Taken(path, "not an absolute path", False)
+    todo = [p for p in path.split("/") if p and p != "."]
+    if ".." in todo:
+        raise Taken(path, "has '..' in it", False)
+    todo.reverse()
+    # Inside a user namespace the host's root shows as the overflow uid (any
+    # unmapped owner does: a path through a directory of another user is the
+    # caller's own choice, never one made here).
+    roots = root_uids()
+    # (descriptor, path) of each directory on the way down: a link's '..'
+    # goes back up to one already checked.
+    walk = [(os.open("/", _DIR), "/")]
+    hops = 0
+    try:
+        _check_step(walk[0][0], "/", False, uid, roots)
+        while todo:
+            name = todo.pop()
+            fd, cur = walk[-1]
+            if name == "..":
+                if len(walk) > 1:
+                    os.close(walk.pop()[0])
+                continue
+            sub = cur.rstrip("/") + "/" + name
+            try:
+                nfd = os.open(name, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if make is None:
+                    raise
+                nfd = ensure_dir(fd, cur, name, make)
+            except OSError as e:
+                import errno
+                if not links or e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISLNK(st.st_mode):
+                    raise
+                if st.st_uid not in roots and st.st_uid != uid:
+                    raise Taken(sub, f"a symbolic link owned by uid {st.st_uid}, not by root "
+                                f"or you (uid {uid})", True) from None
+                hops += 1
+                if hops > 40:       # the kernel's own limit (path_resolution(7))
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), sub) from None
+                target = os.readlink(name, dir_fd=fd)
+                if target.startswith("/"):
+                    while len(walk) > 1:
+                        os.close(walk.pop()[0])
+                todo.extend(reversed([p for p in target.split("/") if p and p != "."]))
+                continue
+            walk.append((nfd, sub))
+            _check_step(nfd, sub, False, uid, roots)
+        fd, cur = walk[-1]
+        st = os.fstat(fd)
+        if own:
+            _check_step(fd, cur, True, uid, roots)
+        elif (st.st_uid not in roots and st.st_uid != uid) or st.st_mode & 0o022:
+            raise Taken(cur, f"owned by uid {st.st_uid} with mode {st.st_mode & 0o7777:04o}: "
+                        "not root's or yours, closed to others", st.st_uid != uid)
+        walk.pop()
+        return fd
+    finally:
+        for fd, _ in walk:
+            os.close(fd)
+
+
+def ensure_dir(parent_fd, parent, name, mode):
+    """parent/name as a directory of the caller's with exactly `mode`: made
+    when missing, repaired when the caller's with another mode; Taken when
+    it is anything else.  Returns its descriptor."""
+    path = os.path.join(parent, name)
+    try:
+        os.mkdir(name, mode, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(name, _DIR, dir_fd=parent_fd)
+    except OSError as e:
+        # ELOOP/ENOTDIR: a link or a file under that name.
+        raise Taken(path, "not a directory (a link or a file is there)", True) from e
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise Taken(path, f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()})", True)
+        if st.st_mode & 0o7777 != mode:
+            # A mode an older version left is repaired; one that let others
+            # write may hold what they planted: not ours to trust.
+            if st.st_mode & 0o022:
+                raise Taken(path, f"mode {st.st_mode & 0o7777:04o} lets others write to it",
+                            False)
+            os.fchmod(fd, mode)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise

@@ -3,22 +3,43 @@
 The launcher compiles once, before the first fork; the command process installs
 the bytes as its last step before execve (after no_new_privs).
 
-The compiler itself (profile semantics, program layout) is in seccompbpf;
-this module finds profiles, keeps compiled programs (shipped beside the
-profiles, and a per-user cache) and installs them.  Every name of
-seccompbpf is importable from here as well.
+The compiler itself (profile semantics, program layout) is in seccompbpf,
+loaded only when a program is compiled: this module finds profiles, keeps
+compiled programs (shipped beside the profiles, and a per-user cache) and
+installs them, so a launch whose program is shipped or cached loads neither
+the compiler nor a checksum module.  Every name of seccompbpf is importable
+from here as well (loaded on first use).
 """
 import os
 import struct
 
 from gpusandbox.errors import SeccompError
-from gpusandbox.linux.seccompbpf import (  # noqa: F401  (re-exported)
-    ALU_AND_K, AUDIT_ARCH, BPF_MAXINSNS, COMPILER_VERSION, EPERM, JA, JEQ, JGE, JGT,
-    LD_W_ABS, MAX_ERRNO, OFF_ARCH, OFF_ARGS, OFF_NR, RET_ALLOW, RET_ERRNO, RET_K,
-    RET_KILL_PROCESS, RET_KILL_THREAD, RET_LOG, RET_TRAP, SCMP_ARCH, X32_SYSCALL_BIT,
-    assemble, parse, _INSN,
-)
-from gpusandbox.linux.sys import read_file
+from gpusandbox.linux.sys import BPF_LD_W_ABS, BPF_MAXINSNS, SECCOMP_DATA_ARCH, read_file
+from gpusandbox.linux.sys import SOCK_FILTER as _INSN
+
+# The version of what seccompbpf writes, stamped on every program kept here
+# (shipped and cached): bump it when the compiler's output changes.
+COMPILER_VERSION = 1
+
+
+def __getattr__(name):
+    """seccompbpf's names (parse, assemble, the opcodes), loaded on first use."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from gpusandbox.linux import seccompbpf
+    try:
+        return getattr(seccompbpf, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def _sum(data):
+    """A check of kept bytes against their source (not a defence: the files
+    are trusted or the caller's own): the bytes as one little-endian number
+    modulo the prime 2**61 - 1, a polynomial hash that int arithmetic
+    computes in one pass without loading a checksum module."""
+    return int.from_bytes(data, "little") % 0x1FFFFFFFFFFFFFFF
+
 
 SHIPPED = ("default", "profiling")
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,6 +107,7 @@ def compile_document(doc, data, where, arch=None, skip_unknown=False):
     entry = _cache_entry(f"/{where}", arch, "doc-skip-" if skip_unknown else "doc-")
     prog = _cache_load(entry, data, arch) if entry else None
     if prog is None:
+        from gpusandbox.linux.seccompbpf import assemble, parse
         prog = assemble(parse(doc, arch, where, skip_unknown), arch)
         if entry:
             _cache_store(entry, data, arch, prog)
@@ -99,13 +121,12 @@ def compile_document(doc, data, where, arch=None, skip_unknown=False):
 # user without a home) still pays neither json nor the compiler.  A unit test
 # fails when a .bpf no longer matches its profile.  They sit in the package's
 # own (root-owned) directory, trusted like the code that reads them.
-_SHIPPED_MAGIC = b"GSBXBPF1"
+_SHIPPED_MAGIC = b"GSBXBPF2"
 
 
 def _shipped_blob(data, arch, prog):
-    import zlib
-    head = (f"{arch} {COMPILER_VERSION} {len(data)} {zlib.crc32(data)} "
-            f"{zlib.crc32(prog)}").encode()
+    head = (f"{arch} {COMPILER_VERSION} {len(data)} {_sum(data)} "
+            f"{len(prog)} {_sum(prog)}").encode()
     return _SHIPPED_MAGIC + struct.pack("<H", len(head)) + head + prog
 
 
@@ -144,6 +165,8 @@ def precompile(dirs=None):
 def compile_bytes(data, arch, where="<profile>"):
     """Compile the JSON text of a profile (no cache)."""
     import json
+
+    from gpusandbox.linux.seccompbpf import assemble, parse
     try:
         doc = json.loads(data)
     except ValueError as e:
@@ -159,8 +182,8 @@ def compile_bytes(data, arch, where="<profile>"):
 # length adds up, the context and profile bytes are identical to the current
 # ones and the program's CRC matches; anything else means "compile again".
 
-_MAGIC = b"GSBPF\x00\x01\x00"
-_HDR = struct.Struct("<8sIIII")     # magic, context len, profile len, prog len, prog crc
+_MAGIC = b"GSBPF\x00\x02\x00"
+_HDR = struct.Struct("<8sIIIQ")     # magic, context len, profile len, prog len, _sum(prog)
 
 
 def cache_dir():
@@ -207,16 +230,14 @@ def _context(arch):
 
 
 def _cache_entry(path, arch, prefix=""):
-    import zlib
     d = cache_dir()
     if not _private_dir(d):
         return None
-    tag = zlib.crc32(os.fsencode(os.path.abspath(path)))
+    tag = _sum(os.fsencode(os.path.abspath(path))) & 0xFFFFFFFF
     return os.path.join(d, f"{prefix}{tag:08x}-{arch}.bpf")
 
 
 def _cache_load(entry, data, arch):
-    import zlib
     try:
         with open(entry, "rb") as f:
             st = os.fstat(f.fileno())
@@ -235,7 +256,8 @@ def _cache_load(entry, data, arch):
             or not nprog or nprog % _INSN.size or nprog > BPF_MAXINSNS * _INSN.size):
         return None
     prog = blob[c:end]
-    if zlib.crc32(prog) != crc or prog[:_INSN.size] != _INSN.pack(LD_W_ABS, 0, 0, OFF_ARCH):
+    first = _INSN.pack(BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARCH)     # loads seccomp_data.arch
+    if _sum(prog) != crc or prog[:_INSN.size] != first:
         return None
     return prog
 
@@ -243,11 +265,9 @@ def _cache_load(entry, data, arch):
 def _cache_store(entry, data, arch, prog):
     """Write atomically (a private temporary file renamed over the entry);
     a failure only costs the next launch a compile."""
-    import zlib
-
     from . import fsutil
     ctx = _context(arch)
-    blob = _HDR.pack(_MAGIC, len(ctx), len(data), len(prog), zlib.crc32(prog)) + ctx + data + prog
+    blob = _HDR.pack(_MAGIC, len(ctx), len(data), len(prog), _sum(prog)) + ctx + data + prog
     fsutil.write_atomic(entry, blob, 0o600, best_effort=True)
 
 
@@ -262,6 +282,7 @@ def install(prog, flags=0):
     `flags` are SECCOMP_FILTER_FLAG_* bits; none are needed for the
     single-threaded command process (TSYNC only matters with threads)."""
     import ctypes
+
     from gpusandbox.linux import sys as lsys
     n = len(prog) // _INSN.size
     if not prog or len(prog) % _INSN.size or n > BPF_MAXINSNS:

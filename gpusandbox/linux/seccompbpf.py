@@ -25,12 +25,15 @@ since a misspelt deny rule would then silently allow.  Entries that require
 capabilities (includes.caps) are skipped: the command runs without them.
 """
 import os
-import struct
 
 from gpusandbox.errors import SeccompError
+from gpusandbox.linux.sys import BPF_LD_W_ABS as LD_W_ABS
+from gpusandbox.linux.sys import BPF_MAXINSNS  # noqa: F401 (the compiler's vocabulary)
+from gpusandbox.linux.sys import SECCOMP_DATA_ARCH as OFF_ARCH
+from gpusandbox.linux.sys import SOCK_FILTER as _INSN
 
-COMPILER_VERSION = 1
-BPF_MAXINSNS = 4096
+# The version of what this compiler writes is seccomp.py's COMPILER_VERSION,
+# stamped on every program it keeps: bump it when the output changes.
 
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 SCMP_ARCH = {"SCMP_ARCH_X86_64": "x86_64", "SCMP_ARCH_AARCH64": "aarch64"}
@@ -50,13 +53,12 @@ _OPS = ("SCMP_CMP_EQ", "SCMP_CMP_NE", "SCMP_CMP_LT", "SCMP_CMP_LE", "SCMP_CMP_GT
         "SCMP_CMP_GE", "SCMP_CMP_MASKED_EQ")
 EPERM, MAX_ERRNO = 1, 4095
 
-# Classic BPF opcodes (linux/bpf_common.h) the kernel's seccomp checker accepts.
-LD_W_ABS = 0x20
+# Classic BPF opcodes (linux/bpf_common.h) the kernel's seccomp checker accepts
+# (LD_W_ABS: linux/sys.py's, with the instruction layout).
 ALU_AND_K = 0x54
 JA, JEQ, JGT, JGE = 0x05, 0x15, 0x25, 0x35
 RET_K = 0x06
-_INSN = struct.Struct("<HBBI")   # struct sock_filter; both supported ABIs are little-endian
-OFF_NR, OFF_ARCH, OFF_ARGS = 0, 4, 16
+OFF_NR, OFF_ARGS = 0, 16        # in struct seccomp_data (OFF_ARCH: linux/sys.py's)
 
 
 # --- profile -> per-syscall rules --------------------------------------------

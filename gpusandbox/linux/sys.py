@@ -7,9 +7,19 @@ wrappers that need them.
 """
 import ctypes
 import os
+import struct
 
 from . import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,  # noqa: F401
                CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
+
+# seccomp(2)'s program: an array of struct sock_filter (linux/filter.h; both
+# supported ABIs are little-endian), at most BPF_MAXINSNS of them; a program
+# begins by loading (BPF_LD_W_ABS) seccomp_data.arch (at SECCOMP_DATA_ARCH).
+# The compiler (seccompbpf.py) writes them, seccomp.py keeps and installs them.
+SOCK_FILTER = struct.Struct("<HBBI")
+BPF_MAXINSNS = 4096
+BPF_LD_W_ABS = 0x20
+SECCOMP_DATA_ARCH = 4
 
 libc = ctypes.CDLL(None, use_errno=True)
 

@@ -3,7 +3,7 @@ the image kept out of it, NCCL's PCI-distance rule on a sysfs tree written
 here, and the variables the injection sets."""
 import pytest
 
-from gpusandbox import planfabric
+from gpusandbox import plandev
 from gpusandbox.errors import UsageError
 from gpusandbox.fabric import discover, inject, select
 
@@ -40,11 +40,11 @@ def test_bad_imex_channel_names_the_item(value):
 
 
 def test_the_image_cannot_widen_the_callers_request():
-    # planfabric passes the caller's environment and its -e rows only: the
+    # plandev.fabric passes the caller's environment and its -e rows only: the
     # image's rows never reach from_caller.
-    env = planfabric.caller_env({"NVIDIA_GDRCOPY": "no"}, [("NVIDIA_IMEX_CHANNELS", "0")])
+    env = plandev.caller_env({"NVIDIA_GDRCOPY": "no"}, [("NVIDIA_IMEX_CHANNELS", "0")])
     assert env == {"NVIDIA_GDRCOPY": "no", "NVIDIA_IMEX_CHANNELS": "0"}
-    env = planfabric.caller_env({"MELLANOX_VISIBLE_DEVICES": "all"},
+    env = plandev.caller_env({"MELLANOX_VISIBLE_DEVICES": "all"},
                                 [("MELLANOX_VISIBLE_DEVICES", "none")])
     assert select.from_caller(None, env, True).hcas == "none"
 
@@ -148,10 +148,10 @@ def test_an_oci_configs_environment_is_the_callers_an_images_is_not(tmp_path):
     env = {"GPUSANDBOX_DRIVER_ROOT": str(tmp_path)}
     rows = [("NVIDIA_MOFED", "enabled")]
     plan, spec = _plan_and_spec(object(), rows)          # an OCI config's process.env
-    planfabric.fabric(plan, spec, [], env)
+    plandev.fabric(plan, spec, [], env)
     assert plan.warnings and "asks for RDMA adapters" in plan.warnings[0]
     plan, spec = _plan_and_spec(None, rows)              # a store image's ENV
-    assert planfabric.fabric(plan, spec, [], env) == {}
+    assert plandev.fabric(plan, spec, [], env) == {}
     assert plan.warnings == [] and not plan.edits
 
 

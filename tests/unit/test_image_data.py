@@ -13,7 +13,7 @@ import tracemalloc
 
 import pytest
 
-from gpusandbox import doctor, environ as envmod, plan
+from gpusandbox import doctor, environ as envmod
 from gpusandbox.errors import SandboxError
 from gpusandbox import gpu
 from gpusandbox.gpu import ceiling, inject, ldcache, require
@@ -80,7 +80,7 @@ def test_number_refuses_what_int_would_choke_on():
 ])
 def test_bad_config_json_is_one_usage_error(tmp_path, conf):
     with pytest.raises(SandboxError) as e:
-        plan._image_env(str(tmp_path), conf)
+        envmod.image_env(str(tmp_path), conf)
     assert e.value.code == 125 and "\n" not in e.value.line()
 
 
@@ -136,7 +136,7 @@ def test_fuzz_config_json_through_the_plan(tmp_path):
         else:
             conf = _mutate_bytes(rng, json.dumps(CONFIG).encode())
         try:
-            items, _cwd = plan._image_env(root, conf)
+            items, _cwd = envmod.image_env(root, conf)
         except SandboxError as e:
             assert e.code == 125
             continue
@@ -149,7 +149,7 @@ def test_fuzz_etc_environment_through_the_plan(tmp_path):
     seed = b"PATH=/usr/bin\nexport CUDA_VERSION=12.4.1\nNVIDIA_REQUIRE_CUDA='cuda>=12.0'\n"
     for i in range(3000):
         _write(root, "/etc/environment", _mutate_bytes(rng, seed))
-        items, _ = plan._image_env(root, None)
+        items, _ = envmod.image_env(root, None)
         for k, v in items:
             assert isinstance(k, str) and isinstance(v, str) and "\0" not in v
         _expect_clean(_requirement_path, dict(items), None)

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpusandbox import conffile, planfabric, settings
+from gpusandbox import conffile, plandev, settings
 from gpusandbox.fabric import discover
 from gpusandbox.plan import LaunchPlan
 from gpusandbox.spec import RunSpec
@@ -80,7 +80,7 @@ def test_an_unconfigured_run_reads_no_site_module(tmp_path):
                                  "'gpusandbox.siterun']"), out.stderr
 
 
-# --- planfabric.has_adapters: gpusandbox.fabric's discover, select, inject -----------
+# --- plandev.has_adapters: gpusandbox.fabric's discover, select, inject -----------
 
 def _sim(tmp_path, hcas, cxis=()):
     (tmp_path / "proc").mkdir()
@@ -96,14 +96,88 @@ def _sim(tmp_path, hcas, cxis=()):
                                        ([], ["cxi0"]), (["mlx5_0"], ["cxi0"])])
 def test_has_adapters_sees_what_discovery_sees(tmp_path, hcas, cxis):
     root = _sim(tmp_path, hcas, cxis)
-    assert planfabric.has_adapters(root) == bool(discover.discover(root).nics())
+    assert plandev.has_adapters(root) == bool(discover.discover(root).nics())
 
 
 def test_has_adapters_without_a_sysfs_class(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n")
-    assert planfabric.has_adapters(str(tmp_path)) is False
+    assert plandev.has_adapters(str(tmp_path)) is False
     assert discover.discover(str(tmp_path)).hcas == []
+
+
+# --- gpu.compat_absent: gpu/compat.py -------------------------------------------
+
+def _compat_image(tmp_path, layout):
+    root = tmp_path / "img"
+    (root / "usr/local").mkdir(parents=True)
+    if layout == "dir":
+        (root / "usr/local/cuda/compat").mkdir(parents=True)
+    elif layout == "file":
+        (root / "usr/local/cuda").mkdir()
+        (root / "usr/local/cuda/compat").write_text("")
+    elif layout == "escape":        # resolved inside the image: the host's /tmp is not it
+        (root / "usr/local/cuda").mkdir()
+        os.symlink(str(tmp_path / "outside"), root / "usr/local/cuda/compat")
+        (tmp_path / "outside").mkdir()
+    elif layout == "dangling":
+        os.symlink("cuda-12.9", root / "usr/local/cuda")
+    return str(root)
+
+
+@pytest.mark.parametrize("layout", ["none", "dir", "file", "escape", "dangling"])
+@pytest.mark.parametrize("mode", ["auto", "off", "force"])
+def test_compat_absent_is_what_decide_says_without_loading_it(tmp_path, layout, mode):
+    from gpusandbox.errors import GpuError
+    from gpusandbox.gpu import compat, compat_absent
+    root = _compat_image(tmp_path, layout)
+    fast = compat_absent(mode, root)
+    if fast is None:
+        return      # compat.decide reads the image itself
+    assert mode == "auto"
+    try:
+        d = compat.decide(mode, root, "550.54.15", ["Tesla"])
+    except GpuError:
+        pytest.fail("compat_absent decided where compat.decide refuses")
+    assert (fast.use, fast.reason, fast.version, fast.entries) == \
+        (d.use, d.reason, d.version, d.entries)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:        # the planner passes the image's held fd
+        assert compat_absent(mode, fd).reason == d.reason
+    finally:
+        os.close(fd)
+
+
+def test_compat_absent_leaves_an_image_with_compat_libraries_to_compat(tmp_path):
+    from gpusandbox.gpu import compat_absent
+    assert compat_absent("auto", _compat_image(tmp_path, "dir")) is None
+    assert compat_absent("auto", _compat_image(tmp_path / "b", "none")) is not None
+
+
+# --- linux.seccomp: seccompbpf and zlib only on a miss ----------------------------
+
+def test_a_shipped_program_loads_neither_the_compiler_nor_zlib(tmp_path):
+    code = ("import sys\n"
+            f"sys.path.insert(0, {REPO!r})\n"
+            "from gpusandbox.linux import seccomp\n"
+            "prog = seccomp.compile_profile('default')\n"
+            "print(len(prog), sorted(m for m in sys.modules if m in "
+            "('gpusandbox.linux.seccompbpf', 'zlib', 'json')))\n")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                         text=True, cwd="/", check=True,
+                         env={"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path)}
+                         ).stdout.split(None, 1)
+    assert int(out[0]) > 0 and out[1].strip() == "[]", out
+    assert not list(tmp_path.iterdir())     # no cache entry either: the shipped program
+
+
+def test_the_compiler_names_stay_importable_from_seccomp():
+    from gpusandbox.linux import seccomp, seccompbpf
+    from gpusandbox.linux.seccomp import JEQ, assemble, parse
+    assert (JEQ, assemble, parse) == (seccompbpf.JEQ, seccompbpf.assemble, seccompbpf.parse)
+    assert seccomp.LD_W_ABS == seccompbpf.LD_W_ABS and seccomp.OFF_ARCH == 4
+    with pytest.raises(AttributeError):
+        seccomp.no_such_name
 
 
 # --- LaunchPlan.container_settings: stages/ocisetup.py -------------------------------

@@ -1,5 +1,5 @@
 """Which network namespace and capabilities a launch gets (plan._identity,
-netdefault.py)."""
+plan.resolve_net)."""
 import os
 
 import pytest
