@@ -177,14 +177,16 @@ def run(rec, plan, tty=False):
             sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        joiner = os.fork()
-        if joiner == 0:
+        joiner = _fork_into(leaf, rec.get("cgroup_version") != 1)
+        if joiner <= 0:
             os.close(pid_r)
             os.close(err_r)
             os.close(pidfd)
             if sock:
                 sock[0].close()
-            _join(plan, leaf, nsfds, pid_w, err_w, sock[1] if sock else None)
+            # -1: born in the leaf already (clone3 CLONE_INTO_CGROUP)
+            _join(plan, leaf if joiner == 0 else None, nsfds, pid_w, err_w,
+                  sock[1] if sock else None)
     finally:
         host.close_ns(nsfds)
     os.close(pid_w)
@@ -216,6 +218,34 @@ def run(rec, plan, tty=False):
         if child.status is None:
             child.kill_and_reap()
         os.close(pidfd)
+
+
+def _fork_into(leaf, v2):
+    """Fork the joiner: born in a cgroup2 leaf with clone3's
+    CLONE_INTO_CGROUP (-1 in the child), as the sandbox's init was; a
+    migration by a write to cgroup.procs waits for an RCU grace period,
+    about 10 ms of every exec.  Otherwise (a v1 leaf, none, a kernel or
+    leaf that refuses it) a plain fork (0 in the child), which joins by
+    that write."""
+    if leaf and v2:
+        try:
+            fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                pid = k.clone_fork(0, fd)
+            except OSError:
+                pid = None
+            finally:
+                if pid != 0:
+                    os.close(fd)
+            if pid == 0:
+                os.close(fd)
+                return -1
+            if pid is not None:
+                return pid
+    return os.fork()
 
 
 def _join(plan, leaf, nsfds, pid_w, err_w, sock):
