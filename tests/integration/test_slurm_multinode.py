@@ -270,9 +270,32 @@ def test_host_mpich_across_two_nodes_with_each_ranks_hca(cluster, rootfs):
     sandbox = [cluster.cli, "run", "--net", "host", "--gpus", "auto", "--driver-root",
                cluster.sim_dir, "--mpi", "host", img, "sh", "-c",
                "ls /dev/infiniband; echo hca=$NCCL_IB_HCA; exec /hello"]
-    r = cluster.srun(["-N2", "-n2", "--gpus-per-task=1", "--mpi=pmi2", "--label",
-                      "bash", "-c", 'echo "node $SLURMD_NODENAME"; exec "$@"', "-", *sandbox],
-                     env={"UCX_NET_DEVICES": "eth0", "UCX_TLS": "tcp,self"}, timeout=120)
+    # Now and then (about half the runs on a loaded 2-core VM since 2026-12-06)
+    # the step hangs in MPICH's PMI-2 wire-up: rank 1 is through MPI_Init
+    # and waits for rank 0, which stays blocked reading its PMI_FD from its
+    # slurmstepd (the simulated nodes' stepds exchange the KVS over the
+    # testbed's bridge).  The sandbox is not in that exchange (the ranks
+    # hold srun's own PMI_FD), so a hung step is cancelled and run again,
+    # up to three times; each hang is named in the failure if all three do.
+    hung = []
+    for _ in range(3):
+        try:
+            r = cluster.srun(["-N2", "-n2", "--gpus-per-task=1", "--mpi=pmi2", "--label",
+                              "bash", "-c", 'echo "node $SLURMD_NODENAME"; exec "$@"', "-",
+                              *sandbox],
+                             env={"UCX_NET_DEVICES": "eth0", "UCX_TLS": "tcp,self"},
+                             timeout=60)
+            break
+        except subprocess.TimeoutExpired as e:
+            out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output
+            hung.append(out or "")
+            cluster.run(["scancel", "--user=root"], timeout=20)
+            end = time.monotonic() + 30
+            while time.monotonic() < end and cluster.run(
+                    ["squeue", "-h", "-o", "%i"], timeout=20).stdout.split():
+                time.sleep(0.5)
+    else:
+        pytest.fail("the step hung three times in MPI wire-up:\n" + "\n---\n".join(hung))
     assert r.returncode == 0, r.stdout + r.stderr
     tasks = labelled(r.stdout)
     assert sorted(tasks) == [0, 1], r.stdout
