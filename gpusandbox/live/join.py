@@ -7,10 +7,10 @@ program, environment, working directory), which the launcher recorded
 (launch.process_settings); nothing is read from the sandbox itself
 (/proc/PID/environ, its cwd, its files), which its processes could rewrite.
 
-    exec (subreaper) ── fork ──> joiner: not dumpable; joins the cgroup leaf,
-                                 then init's namespaces (setns, user first)
-                                 ── fork ──> the command stage (in the pid
-                                 namespace), execve
+    exec (subreaper) ── fork ──> joiner (stages/enter.py, the OCI runtime's
+                                 exec's too): born in the cgroup leaf, not
+                                 dumpable, joins init's namespaces ── fork ──>
+                                 the command stage (in the pid namespace)
 The joiner exits at once and the process is this one's child (subreaper):
 its status is returned, signals are forwarded (stages/parent.py's
 supervisor), -t relays a pty made in the sandbox's own devpts.
@@ -34,8 +34,7 @@ from ..linux import seccomp  # noqa: F401
 from ..linux import sys as k
 from ..plan import LaunchPlan, set_caps
 from ..spec import RunSpec
-from ..stages import channel, command, parent
-from ..stages.init import _open_pty
+from ..stages import channel, enter, parent
 
 # Where the host mounts each kind of hierarchy a leaf can be in.
 _CGROUP_MOUNTS = {2: ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"),
@@ -177,16 +176,15 @@ def run(rec, plan, tty=False):
             sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        joiner = _fork_into(leaf, rec.get("cgroup_version") != 1)
-        if joiner <= 0:
+        joiner, born = enter.fork(leaf if rec.get("cgroup_version") != 1 else None)
+        if joiner == 0:
             os.close(pid_r)
             os.close(err_r)
             os.close(pidfd)
             if sock:
                 sock[0].close()
-            # -1: born in the leaf already (clone3 CLONE_INTO_CGROUP)
-            _join(plan, leaf if joiner == 0 else None, nsfds, pid_w, err_w,
-                  sock[1] if sock else None)
+            enter.joiner(plan, [leaf] if leaf and not born else [], nsfds, pid_w, err_w,
+                         sock[1] if sock else None)
     finally:
         host.close_ns(nsfds)
     os.close(pid_w)
@@ -220,75 +218,3 @@ def run(rec, plan, tty=False):
         os.close(pidfd)
 
 
-def _fork_into(leaf, v2):
-    """Fork the joiner: born in a cgroup2 leaf with clone3's
-    CLONE_INTO_CGROUP (-1 in the child), as the sandbox's init was; a
-    migration by a write to cgroup.procs waits for an RCU grace period,
-    about 10 ms of every exec.  Otherwise (a v1 leaf, none, a kernel or
-    leaf that refuses it) a plain fork (0 in the child), which joins by
-    that write."""
-    if leaf and v2:
-        try:
-            fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            try:
-                pid = k.clone_fork(0, fd)
-            except OSError:
-                pid = None
-            finally:
-                if pid != 0:
-                    os.close(fd)
-            if pid == 0:
-                os.close(fd)
-                return -1
-            if pid is not None:
-                return pid
-    return os.fork()
-
-
-def _join(plan, leaf, nsfds, pid_w, err_w, sock):
-    """The joiner (never returns)."""
-    step = "joining the sandbox"
-    try:
-        # Not dumpable before the first namespace is joined: no process of
-        # the sandbox may ptrace this one or open its descriptors
-        # (runc's CVE-2016-9962); the command stage's child inherits it
-        # until its execve.
-        k.prctl(4, 0)
-        if leaf:
-            step = f"joining the sandbox's cgroup {leaf}"
-            fd = os.open(os.path.join(leaf, "cgroup.procs"),
-                         os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
-        step = "joining the sandbox's namespaces"
-        try:
-            host.join_ns(nsfds)
-        except host.NamespaceError as e:
-            step = f"joining the sandbox's {host.NS_PROC[e.ns]} namespace"
-            raise
-        host.close_ns(nsfds)
-        step = "starting the process"
-        pid = os.fork()
-        if pid:
-            os.write(pid_w, str(pid).encode())
-            os._exit(0)
-        os.close(pid_w)
-        step = f"entering the working directory {plan.workdir}"
-        wdfd = os.open(plan.workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        slave = None
-        if sock is not None:
-            step = "allocating the terminal"
-            slave = _open_pty(sock)
-        if plan.umask is not None:
-            os.umask(plan.umask)
-        command.run(plan, err_w, wdfd, slave)
-    except OSError as e:
-        channel.fail(err_w, 125, step, e.strerror or str(e))
-    except Exception as e:  # noqa: BLE001 - one line for any failure
-        channel.fail(err_w, 125, step, f"{type(e).__name__}: {e}")
-    os._exit(125)

@@ -16,9 +16,8 @@ from ...linux import host
 from ...linux import sys as k
 from ...plan import LaunchPlan
 from ...spec import RunSpec
-from ...stages import channel, command
 # Imported before setns(2): the image's tree is the process's root afterwards.
-from ...stages.init import _open_pty
+from ...stages import channel, enter
 from .. import config as ociconfig
 from .. import configplan
 from .. import fastjson as json
@@ -132,11 +131,13 @@ def main_exec(root, rest, log):
         k.prctl(36, 1)     # PR_SET_CHILD_SUBREAPER: the grandchild's status is ours
     pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    joiner = os.fork()
+    leaves = ([st["cgroup"]] if st.get("cgroup") else []) + list(st.get("cgroup_v1") or ())
+    joiner, born = enter.fork(st.get("cgroup") if st.get("cgroup_version") == 2 else None)
     if joiner == 0:
         os.close(pid_r)
         os.close(err_r)
-        _join(st, plan, nsfds, pid_w, err_w, console if tty else None)
+        _join(plan, leaves[1:] if born else leaves, nsfds, pid_w, err_w,
+              console if tty else None)
     host.close_ns(nsfds)
     os.close(pid_w)
     os.close(err_w)
@@ -173,44 +174,15 @@ def main_exec(root, rest, log):
             return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def _join(st, plan, nsfds, pid_w, err_w, console):
-    step = "connecting to the console socket"
-    try:
-        sock = None
-        if console:
-            # Its path is the caller's: reached before the mount namespace changes.
+def _join(plan, leaves, nsfds, pid_w, err_w, console):
+    """The joiner (stages/enter.py), after connecting to the console socket,
+    whose path is the caller's: reached before the mount namespace changes."""
+    sock = None
+    if console:
+        try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(console)
-        step = "joining the container's cgroup"
-        for leaf in ([st["cgroup"]] if st.get("cgroup") else []) + list(st.get("cgroup_v1") or ()):
-            with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
-                f.write("0")
-        step = "joining the container's namespaces"
-        try:
-            # runc's two passes: a namespace the container's user namespace
-            # does not own (a network namespace joined by path, the host's)
-            # is joined before it, with this process's own capabilities.
-            host.join_ns_owned(nsfds)
-        except host.NamespaceError as e:
-            step = f"joining the container's {host.NS_PROC[e.ns]} namespace"
-            raise
-        host.close_ns(nsfds)
-        step = "starting the process"
-        pid = os.fork()
-        if pid:
-            os.write(pid_w, str(pid).encode())
-            os._exit(0)
-        os.close(pid_w)
-        step = f"entering the working directory {plan.workdir}"
-        wdfd = os.open(plan.workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        slave = None
-        if sock is not None:
-            step = "allocating the terminal"
-            slave = _open_pty(sock)
-        k.prctl(4, 0)      # not dumpable until the execve (CVE-2019-5736 class)
-        command.run(plan, err_w, wdfd, slave)
-    except OSError as e:
-        channel.fail(err_w, 125, step, e.strerror or str(e))
-    except Exception as e:  # noqa: BLE001
-        channel.fail(err_w, 125, step, f"{type(e).__name__}: {e}")
-    os._exit(125)
+        except OSError as e:
+            channel.fail(err_w, 125, "connecting to the console socket", e.strerror or str(e))
+            os._exit(125)
+    enter.joiner(plan, leaves, nsfds, pid_w, err_w, sock, "container")
