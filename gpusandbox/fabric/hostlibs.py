@@ -53,10 +53,6 @@ def host_cache(path=HOST_CACHE):
         return {}
 
 
-def image_entries(rootfd):
-    data = lsys.read_in_root(rootfd, "/etc/ld.so.cache", limit=ldcache.MAX_FILE)
-    if not data:
-        return []
     try:
         return ldcache.parse(data)
     except (ldcache.CacheError, ValueError):

@@ -14,6 +14,7 @@ its providers and driver list, as --fabric-libs host would."""
 import os
 
 from gpusandbox.edits import Mount
+from gpusandbox.gpu.inject import image_cache
 
 from . import elf, hostlibs, mpi, verbs
 from .hostlibs import PRIVATE_LIB, RO
@@ -41,7 +42,7 @@ def _plugins(plan, inj, done):
 
 def plan_userspace(plan, rootfd, want_verbs, want_mpi, caller_env):
     host = hostlibs.host_cache()
-    image_list = hostlibs.image_entries(rootfd)
+    image_list = image_cache(rootfd)
     image = hostlibs.native(image_list)
     inj = hostlibs.Injection()
     more, done = [], set()

@@ -253,7 +253,7 @@ def _params(host):
     return ("\n".join(out) + "\n").encode()
 
 
-def _image_cache(image_root):
+def image_cache(image_root):
     """The image's cache entries, or [] when it has none or it is malformed
     (ld.so ignores a malformed cache too)."""
     data = read_in_root(image_root, "/etc/ld.so.cache", limit=ldcache.MAX_FILE)
@@ -347,7 +347,7 @@ def build_edits(host, sel, image_root, environ=None, private=False, notes=None, 
         # The image's own entries for the injected names would shadow the
         # host driver (an image-shipped libcuda.so.1 of another version).
         ours = {(e.name, e.flags) for e in entries}
-        merged = [e for e in _image_cache(image_root) if (e.name, e.flags) not in ours]
+        merged = [e for e in image_cache(image_root) if (e.name, e.flags) not in ours]
         edits.files.append(File("/etc/ld.so.cache", ldcache.build(merged + entries), 0o444))
 
     # /proc/driver/nvidia shows every GPU of the host: mask it and show the

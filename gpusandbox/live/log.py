@@ -73,18 +73,7 @@ def _keep_tail(dfd, keep):
     nl = tail.find(b"\n")
     if 0 <= nl < len(tail) - 1:
         tail = tail[nl + 1:]
-    tmp = f".{record.LOG}.new"
-    try:
-        os.unlink(tmp, dir_fd=dfd)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600, dir_fd=dfd)
-    try:
-        os.write(fd, tail)
-    finally:
-        os.close(fd)
-    os.rename(tmp, record.LOG, src_dir_fd=dfd, dst_dir_fd=dfd)
+    record.replace(dfd, record.LOG, tail)
     return len(tail)
 
 

@@ -133,8 +133,13 @@ def read(dfd, path, uid=None):
 
 def write(dfd, rec):
     """record.json in live/NAME, renamed into place whole."""
-    data = json.dumps(rec).encode()
-    tmp = f".{RECORD}.{os.getpid()}"
+    replace(dfd, RECORD, json.dumps(rec).encode())
+
+
+def replace(dfd, name, data):
+    """File `name` of the directory dfd replaced whole by `data` (0600): written
+    under a name of this process's, never through a link, then renamed."""
+    tmp = f".{name}.{os.getpid()}"
     try:
         os.unlink(tmp, dir_fd=dfd)
     except FileNotFoundError:
@@ -143,7 +148,7 @@ def write(dfd, rec):
                  0o600, dir_fd=dfd)
     with open(fd, "wb") as f:
         f.write(data)
-    os.rename(tmp, RECORD, src_dir_fd=dfd, dst_dir_fd=dfd)
+    os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
 def state(rec):

@@ -241,7 +241,7 @@ def test_fuzz_ld_so_cache(tmp_path):
     root = str(tmp_path)
     for _ in range(200):   # the launcher's own entry point never raises
         _write(root, "/etc/ld.so.cache", _mutate_bytes(rng, seed))
-        assert isinstance(inject._image_cache(root), list)
+        assert isinstance(inject.image_cache(root), list)
 
 
 # --- the carried-CUDA scan (C) ------------------------------------------------------------
