@@ -36,24 +36,16 @@ def _num(parts):
     return [int(p) if p.isdigit() else 0 for p in parts]
 
 
-def _setting(name, caller_env):
-    """A setting (settings.KEYS: its variable in the caller's environment,
-    the user's and the site's files; a site lock holds), and where it came
-    from."""
-    from .. import settings
-    s = settings.Settings(caller_env)
-    value, where = s.lookup(name)
-    return value, where or "the default"
-
-
-def host_mpi(caller_env, host):
-    """[host path] of the host's MPI libraries."""
-    site, where = _setting("mpi-libs", caller_env)
+def host_mpi(conf, host):
+    """[host path] of the host's MPI libraries: the mpi-libs setting
+    (conf: settings.Settings of the caller; a site lock holds), else the
+    host loader cache's MPICH-ABI libraries."""
+    site, where = conf.lookup("mpi-libs")
     if site:
         paths = [p for p in site.split(":") if p]
         for p in paths:
             if not os.path.isfile(p):
-                raise LibError(f"mpi-libs ({where}): {p}", "no such file",
+                raise LibError(f"mpi-libs ({where or 'the default'}): {p}", "no such file",
                                "name the host's MPI libraries (libmpi.so.12 ...)")
         return paths
     out = [host[n] for n in sorted(host) if _split(n)[0] in FAMILY and
@@ -68,9 +60,11 @@ def host_mpi(caller_env, host):
 def add_mpi(plan, rootfd, inj, host, image, caller_env):
     """Add the host's MPI to `inj` under the image's names; raise LibError
     with the mismatch."""
-    compat, _ = _setting("mpi-compat", caller_env)
+    from .. import settings
+    conf = settings.Settings(caller_env)
+    compat = conf.get("mpi-compat")
     replaced = 0
-    for hp in host_mpi(caller_env, host):
+    for hp in host_mpi(conf, host):
         d = elf.read(hp)
         soname = d.soname if d and d.soname else os.path.basename(hp)
         hbase, hver = _split(soname)
