@@ -486,8 +486,9 @@ def current():
 
 
 def get(name, environ=None):
-    """The value of setting `name` (KEYS) for this caller."""
-    return Settings(environ).get(name)
+    """The value of setting `name` (KEYS) for this caller (environ None:
+    this process's, through current())."""
+    return (current() if environ is None else Settings(environ)).get(name)
 
 
 def driver_roots(environ=None):

@@ -31,16 +31,10 @@ MAX_REF_FILE = 200
 _LOCK_SH, _LOCK_NB = 1, 4      # <sys/file.h>, as fcntl.LOCK_SH and LOCK_NB
 
 
-def _setting(name, environ):
-    """store / site-store: $GPUSANDBOX_STORE / $GPUSANDBOX_SITE_STORE, else
-    the user's or site's configuration file (docs/config.md)."""
-    from .. import settings
-    return (settings.current() if environ is None else settings.Settings(environ)).get(name)
-
-
 def default_root(environ=None):
     env = os.environ if environ is None else environ
-    own = _setting("store", environ)
+    from ..settings import get
+    own = get("store", environ)
     if own:
         return own
     data = env.get("XDG_DATA_HOME")
@@ -400,7 +394,8 @@ def stores(root=None, environ=None):
     path = os.path.abspath(root or default_root(env))
     out = Stores([StoreReader(path) if os.path.isdir(path) else None])
     out.root = path
-    site = _setting("site-store", environ)
+    from ..settings import get
+    site = get("site-store", environ)
     if site and os.path.isdir(site):
         out.append(StoreReader(site, readonly=True))
     return out
