@@ -486,13 +486,15 @@ def current():
 
 
 def get(name, environ=None):
-    """The value of setting `name` (KEYS) for this caller (environ None:
-    this process's, through current())."""
-    return (current() if environ is None else Settings(environ)).get(name)
+    """The value of setting `name` (KEYS) for this caller (environ None or
+    os.environ: this process's, through current())."""
+    return (current() if environ is None or environ is os.environ
+            else Settings(environ)).get(name)
 
 
 def driver_roots(environ=None):
     """(driver root, dev root or None: the driver root's /dev) for GPU
-    injection."""
-    s = Settings(environ)
+    injection.  This process's own environment is read through current(),
+    once per process: `run` asks it after siterun and again per step."""
+    s = current() if environ is None or environ is os.environ else Settings(environ)
     return s.get("driver-root"), s.get("dev-root")
