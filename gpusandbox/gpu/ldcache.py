@@ -26,7 +26,7 @@ then by flags descending; then glibc-hwcaps entries before plain ones (by
 subdirectory name, strcmp order), then by hwcap and osversion descending.
 """
 import os
-import struct
+import _struct as struct   # what `struct` re-exports: one import less
 import sys
 
 OLD_MAGIC = b"ld.so-1.7.0"

@@ -72,7 +72,7 @@ def _from_cache(host, resolve, families):
     suffix = ".so." + host.version
     seen, libs = {}, []
     abi_bits = ldcache.abi_bits
-    for flags, key, value, _osv, hwcap in rows:
+    for flags, key, value, _osv, hwcap in _candidates(data, base, end, rows, families):
         bits = abi_bits(flags)
         if hwcap or bits is None:
             continue
@@ -99,6 +99,23 @@ def _from_cache(host, resolve, families):
                                    subdir=SUBDIRS.get(family, ""))
         libs.append(lib)
     return libs
+
+
+def _candidates(data, base, end, rows, families):
+    """The rows whose key may name a driver library: its string starts with
+    the first five bytes of a family.  A host's cache lists a few thousand
+    libraries and the driver a few dozen; the string table is searched for
+    those prefixes (bytes.find, a handful of scans) instead of each row's key
+    being read.  Tail-merged strings (a key stored as the end of a path, as
+    ldconfig may share them) are found too: any occurrence is checked against
+    the rows' key offsets."""
+    starts = set()
+    for prefix in {f[:5] for f in families}:
+        at = data.find(prefix, base)
+        while 0 <= at < end:
+            starts.add(at - base)
+            at = data.find(prefix, at + 1)
+    return [row for row in rows if row[1] in starts]
 
 
 def _elf_flags(path):

@@ -188,15 +188,14 @@ class StoreReader:
             return None
         # flock(2) through the launch's own libc handle (linux/sys.py, loaded
         # by every launch): the fcntl module would be one more import.
-        from ..linux.sys import libc
+        from ..linux.sys import get_errno, libc
         try:
             fd = os.open(self.image_dir(dig) + "/used", os.O_RDONLY | os.O_NOFOLLOW
                          | os.O_CLOEXEC, dir_fd=self.fd)
         except FileNotFoundError:
             return None
         if libc.flock(fd, _LOCK_SH | _LOCK_NB) == -1:
-            import ctypes
-            err = ctypes.get_errno()
+            err = get_errno()
             os.close(fd)
             if err == errno.EWOULDBLOCK:
                 raise ImageError(f"image {dig[:19]} is being removed (gpusandbox rmi or prune)",

@@ -8,7 +8,6 @@ CAP_MKNOD: no device nodes may be created in the sandbox (CVE-2021-1056),
 and, when it shares the host's network namespace, minus the capabilities
 that act on that namespace (HOST_NET_DROPPED).
 """
-import ctypes
 
 from . import sys as k
 
@@ -64,13 +63,13 @@ def root_caps(host_net):
     return ROOT_DEFAULT
 
 
-class _Hdr(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class _Hdr(k.Structure):
+    _fields_ = [("version", k.c_uint32), ("pid", k.c_int)]
 
 
-class _Data(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
+class _Data(k.Structure):
+    _fields_ = [("effective", k.c_uint32), ("permitted", k.c_uint32),
+                ("inheritable", k.c_uint32)]
 
 
 def last_cap():
@@ -96,7 +95,7 @@ def set_caps(keep):
     hdr = _Hdr(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words
     data = (_Data * 2)(_Data(mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0),
                        _Data(mask >> 32, mask >> 32, 0))
-    k.syscall("capset", ctypes.byref(hdr), data)
+    k.syscall("capset", k.byref(hdr), data)
     k.prctl(k.PR_CAP_AMBIENT, k.PR_CAP_AMBIENT_CLEAR_ALL)
 
 
@@ -113,7 +112,7 @@ def set_cap_sets(effective, permitted, inheritable, ambient=()):
     hdr = _Hdr(0x20080522, 0)
     data = (_Data * 2)(_Data(e & 0xFFFFFFFF, p & 0xFFFFFFFF, i & 0xFFFFFFFF),
                        _Data(e >> 32, p >> 32, i >> 32))
-    k.syscall("capset", ctypes.byref(hdr), data)
+    k.syscall("capset", k.byref(hdr), data)
     k.prctl(k.PR_CAP_AMBIENT, k.PR_CAP_AMBIENT_CLEAR_ALL)
     for cap in ambient:
         # The kernel raises only what is permitted and inheritable; runc's

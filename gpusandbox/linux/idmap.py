@@ -10,6 +10,9 @@ namespace, which is what newuidmap/newgidmap provide from /etc/subuid and
 import os
 
 from ..errors import SandboxError
+# The one-id maps and the map writer are linux/sys.py's: a rootless launch
+# writes its own map from init and never loads this module.
+from .sys import _fmt, write_proc as _write, write_single  # noqa: F401
 
 SUBID_HINT = ("add a range for this user to /etc/subuid and /etc/subgid "
               "(e.g. 'usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER') "
@@ -50,22 +53,6 @@ def ranges(inside, outside, sub):
     return out
 
 
-def _fmt(lines):
-    return "".join(f"{a} {b} {c}\n" for a, b, c in lines).encode()
-
-
-def write_single(pid, uid_in, uid_out, gid_in, gid_out, root):
-    """One-id maps written without helper binaries.  pid "self": the child
-    writes its own, from inside the new namespace, where even real root holds
-    no CAP_SETGID in the parent namespace: a gid_map is then accepted only
-    after setgroups is denied (user_namespaces(7)), as for any user."""
-    base = f"/proc/{pid}/"
-    if not root or pid == "self":
-        _write(base + "setgroups", b"deny")
-    _write(base + "uid_map", _fmt([(uid_in, uid_out, 1)]))
-    _write(base + "gid_map", _fmt([(gid_in, gid_out, 1)]))
-
-
 def write_full(pid, uid_lines, gid_lines, root):
     """Multi-range maps: root writes them directly; a user goes through
     newuidmap/newgidmap, which check /etc/subuid and /etc/subgid.  uid 0
@@ -89,20 +76,10 @@ def write_full(pid, uid_lines, gid_lines, root):
                                msg[-1] if msg else f"exit {r.returncode}", SUBID_HINT)
 
 
-def _write(path, data):
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, data)
-    except OSError as e:
-        raise SandboxError(f"writing {path}", os.strerror(e.errno)) from None
-    finally:
-        os.close(fd)
-
-
 # The launcher's own ids, read where this module is first imported: in the
-# launcher (stages/parent.py imports it), before the clone, so the init (a
-# clone of it) still knows them once the new namespace shows its ids as the
-# overflow id.
+# launcher before the clone (plan.py when it plans a full map, OCI create
+# and stages/parent.py for one), so the init (a clone of it) still knows
+# them once the new namespace shows its ids as the overflow id.
 LAUNCHER_IDS = (os.geteuid(), os.getegid())
 
 

@@ -11,7 +11,7 @@ the compiler nor a checksum module.  Every name of seccompbpf is importable
 from here as well (loaded on first use).
 """
 import os
-import struct
+import _struct as struct   # what `struct` re-exports: one import less
 
 from gpusandbox.errors import SeccompError
 from gpusandbox.linux.sys import BPF_LD_W_ABS, BPF_MAXINSNS, SECCOMP_DATA_ARCH, read_file
@@ -281,21 +281,19 @@ def install(prog, flags=0):
     children).  The caller must have set no_new_privs (or hold CAP_SYS_ADMIN).
     `flags` are SECCOMP_FILTER_FLAG_* bits; none are needed for the
     single-threaded command process (TSYNC only matters with threads)."""
-    import ctypes
-
     from gpusandbox.linux import sys as lsys
     n = len(prog) // _INSN.size
     if not prog or len(prog) % _INSN.size or n > BPF_MAXINSNS:
         raise ValueError(f"not a compiled seccomp program ({len(prog)} bytes)")
 
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    class SockFprog(lsys.Structure):
+        _fields_ = [("len", lsys.c_ushort), ("filter", lsys.c_void_p)]
 
-    buf = ctypes.create_string_buffer(bytes(prog), len(prog))
-    fprog = SockFprog(n, ctypes.cast(buf, ctypes.c_void_p))
+    buf = lsys.create_string_buffer(bytes(prog), len(prog))
+    fprog = SockFprog(n, lsys.addressof(buf))
     try:
-        lsys.syscall("seccomp", ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
-                     ctypes.c_uint(flags), ctypes.byref(fprog))
+        lsys.syscall("seccomp", lsys.c_uint(SECCOMP_SET_MODE_FILTER),
+                     lsys.c_uint(flags), lsys.byref(fprog))
     except OSError as e:
         why = {13: "no_new_privs is not set and CAP_SYS_ADMIN is missing",
                22: "the kernel rejected the program or flags",

@@ -4,24 +4,74 @@ Every wrapper raises OSError(errno, "<call>(<args>) failed") so that the
 stage that called it can report what failed.  x86_64 and aarch64 syscall
 numbers are listed; other architectures are refused at import of the
 wrappers that need them.
+
+The C types come from `_ctypes`, the extension module under `ctypes`, and
+not from `ctypes` itself: importing ctypes costs about 2 ms of every launch
+(it defines some forty types, the library loaders and the Python API
+library, and imports `types`, `struct` and `ctypes._endian`), while a launch
+needs the eight types, the one libc handle and the helpers below.  Both
+supported ABIs are LP64, so the 64-bit and size types are `c_ulong`.  A
+module off the launch path may import ctypes itself: its types and these
+are interchangeable as arguments and fields (both are `_ctypes` types).
 """
-import ctypes
 import os
-import struct
+
+import _ctypes
+import _struct
+from _ctypes import Structure, addressof, byref, get_errno, sizeof  # noqa: F401
 
 from . import (CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS,  # noqa: F401
                CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS)
+
+
+def _ctype(name, code):
+    return type(name, (_ctypes._SimpleCData,), {"_type_": code, "__module__": __name__})
+
+
+c_int, c_uint = _ctype("c_int", "i"), _ctype("c_uint", "I")
+c_long, c_ulong = _ctype("c_long", "l"), _ctype("c_ulong", "L")
+c_ushort, c_char = _ctype("c_ushort", "H"), _ctype("c_char", "c")
+c_char_p, c_void_p = _ctype("c_char_p", "z"), _ctype("c_void_p", "P")
+c_uint32, c_uint64, c_size_t = c_uint, c_ulong, c_ulong
+
+
+class _Library:
+    """A loaded library's functions as attributes (ctypes.CDLL(None) and
+    ctypes.pythonapi): each one an int-returning C function pointer,
+    made on first use and kept."""
+
+    def __init__(self, flags):
+        self._handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)
+        self._fn = type("_Fn", (_ctypes.CFuncPtr,), {"_flags_": flags, "_restype_": c_int})
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        fn = self._fn((name, self))
+        setattr(self, name, fn)
+        return fn
+
+
+def create_string_buffer(init, size=None):
+    """A mutable char array holding `init` (ctypes.create_string_buffer)."""
+    buf = (c_char * (len(init) + 1 if size is None else size))()
+    buf.value = init
+    return buf
+
 
 # seccomp(2)'s program: an array of struct sock_filter (linux/filter.h; both
 # supported ABIs are little-endian), at most BPF_MAXINSNS of them; a program
 # begins by loading (BPF_LD_W_ABS) seccomp_data.arch (at SECCOMP_DATA_ARCH).
 # The compiler (seccompbpf.py) writes them, seccomp.py keeps and installs them.
-SOCK_FILTER = struct.Struct("<HBBI")
+# (`_struct` is what the `struct` module re-exports, one import less.)
+SOCK_FILTER = _struct.Struct("<HBBI")
 BPF_MAXINSNS = 4096
 BPF_LD_W_ABS = 0x20
 SECCOMP_DATA_ARCH = 4
 
-libc = ctypes.CDLL(None, use_errno=True)
+libc = _Library(_ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO)
+# The interpreter's own C API, called with the GIL held (ctypes.pythonapi).
+_pyapi = _Library(_ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_PYTHONAPI)
 
 _MACHINE = os.uname().machine
 # Generic (asm-generic) numbers are shared by x86_64 for the new calls (>= 424).
@@ -39,7 +89,7 @@ _NR = {
 }.get(_MACHINE, {})
 
 _syscall = libc.syscall
-_syscall.restype = ctypes.c_long
+_syscall.restype = c_long
 
 
 def nr(name):
@@ -51,16 +101,16 @@ def nr(name):
 
 def syscall(name, *args):
     """Raw syscall; returns the result or raises OSError naming the call."""
-    res = _syscall(ctypes.c_long(nr(name)), *args)
+    res = _syscall(c_long(nr(name)), *args)
     if res == -1:
-        e = ctypes.get_errno()
+        e = get_errno()
         raise OSError(e, f"{name} failed: {os.strerror(e)}")
     return res
 
 
 def _check(res, what):
     if res == -1:
-        e = ctypes.get_errno()
+        e = get_errno()
         raise OSError(e, f"{what} failed: {os.strerror(e)}")
     return res
 
@@ -81,9 +131,8 @@ MS_SHARED = 1 << 20
 MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
 
-libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                       ctypes.c_ulong, ctypes.c_char_p)
-libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+libc.mount.argtypes = (c_char_p, c_char_p, c_char_p, c_ulong, c_char_p)
+libc.umount2.argtypes = (c_char_p, c_int)
 
 
 def _b(s):
@@ -113,19 +162,16 @@ CLONE_PARENT = 0x00008000
 
 
 def unshare(flags):
-    return syscall("unshare", ctypes.c_int(flags))
+    return syscall("unshare", c_int(flags))
 
 
-class _CloneArgs(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("pidfd", ctypes.c_uint64),
-                ("child_tid", ctypes.c_uint64), ("parent_tid", ctypes.c_uint64),
-                ("exit_signal", ctypes.c_uint64), ("stack", ctypes.c_uint64),
-                ("stack_size", ctypes.c_uint64), ("tls", ctypes.c_uint64),
-                ("set_tid", ctypes.c_uint64), ("set_tid_size", ctypes.c_uint64),
-                ("cgroup", ctypes.c_uint64)]
-
-
-_pyapi = ctypes.pythonapi
+class _CloneArgs(Structure):
+    _fields_ = [("flags", c_uint64), ("pidfd", c_uint64),
+                ("child_tid", c_uint64), ("parent_tid", c_uint64),
+                ("exit_signal", c_uint64), ("stack", c_uint64),
+                ("stack_size", c_uint64), ("tls", c_uint64),
+                ("set_tid", c_uint64), ("set_tid_size", c_uint64),
+                ("cgroup", c_uint64)]
 
 
 def clone_fork(flags, cgroup_fd=-1):
@@ -144,9 +190,9 @@ def clone_fork(flags, cgroup_fd=-1):
         args.flags |= CLONE_INTO_CGROUP
         args.cgroup = cgroup_fd
     _pyapi.PyOS_BeforeFork()
-    res = _syscall(ctypes.c_long(nr("clone3")), ctypes.byref(args),
-                   ctypes.c_size_t(ctypes.sizeof(args)))
-    e = ctypes.get_errno()
+    res = _syscall(c_long(nr("clone3")), byref(args),
+                   c_size_t(sizeof(args)))
+    e = get_errno()
     if res == 0:
         _pyapi.PyOS_AfterFork_Child()
         return 0
@@ -166,9 +212,9 @@ RESOLVE_IN_ROOT = 0x10
 O_PATH = 0o10000000
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
+class _OpenHow(Structure):
+    _fields_ = [("flags", c_uint64), ("mode", c_uint64),
+                ("resolve", c_uint64)]
 
 
 AT_FDCWD = -100
@@ -180,11 +226,11 @@ def openat2(dirfd, path, flags, mode=0, resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAG
     # a mount anywhere raced a `..` step, and asks the caller to retry
     # (openat2(2)); a bounded retry keeps a busy host from failing a launch.
     for _ in range(64):
-        res = _syscall(ctypes.c_long(nr("openat2")), ctypes.c_int(dirfd), _b(path),
-                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        res = _syscall(c_long(nr("openat2")), c_int(dirfd), _b(path),
+                       byref(how), c_size_t(sizeof(how)))
         if res != -1:
             return res
-        e = ctypes.get_errno()
+        e = get_errno()
         if e != 11 or not resolve & (RESOLVE_IN_ROOT | RESOLVE_BENEATH):
             break
     raise OSError(e, f"openat2({path}) failed: {os.strerror(e)}", path)
@@ -277,6 +323,36 @@ def kind_in_root(root, path):
     return "file" if _stat.S_ISREG(mode) else "other"
 
 
+# --- user-namespace id maps (user_namespaces(7)) ------------------------------
+def write_proc(path, data):
+    """Write one /proc/<pid>/ map or setgroups file in a single write."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    except OSError as e:
+        from ..errors import SandboxError
+        raise SandboxError(f"writing {path}", os.strerror(e.errno)) from None
+    finally:
+        os.close(fd)
+
+
+def _fmt(lines):
+    return "".join(f"{a} {b} {c}\n" for a, b, c in lines).encode()
+
+
+def write_single(pid, uid_in, uid_out, gid_in, gid_out, root):
+    """One-id maps written without helper binaries (wider ones: idmap.py).
+    pid "self": the child writes its own, from inside the new namespace,
+    where even real root holds no CAP_SETGID in the parent namespace: a
+    gid_map is then accepted only after setgroups is denied
+    (user_namespaces(7)), as for any user."""
+    base = f"/proc/{pid}/"
+    if not root or pid == "self":
+        write_proc(base + "setgroups", b"deny")
+    write_proc(base + "uid_map", _fmt([(uid_in, uid_out, 1)]))
+    write_proc(base + "gid_map", _fmt([(gid_in, gid_out, 1)]))
+
+
 # --- prctl -----------------------------------------------------------------------
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -287,8 +363,7 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
-libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong,
-                       ctypes.c_ulong, ctypes.c_ulong)
+libc.prctl.argtypes = (c_int, c_ulong, c_ulong, c_ulong, c_ulong)
 
 
 def prctl(option, a2=0, a3=0, a4=0, a5=0):
@@ -315,57 +390,57 @@ MOUNT_ATTR_NOEXEC = 0x8
 MOUNT_ATTR_NOSYMFOLLOW = 0x00200000
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+class _MountAttr(Structure):
+    _fields_ = [("attr_set", c_uint64), ("attr_clr", c_uint64),
+                ("propagation", c_uint64), ("userns_fd", c_uint64)]
 
 
 def open_tree(dirfd, path, flags):
-    return syscall("open_tree", ctypes.c_int(dirfd), _b(path), ctypes.c_uint(flags))
+    return syscall("open_tree", c_int(dirfd), _b(path), c_uint(flags))
 
 
 def move_mount(from_fd, to_fd, what="move_mount"):
-    res = _syscall(ctypes.c_long(nr("move_mount")), ctypes.c_int(from_fd), b"",
-                   ctypes.c_int(to_fd), b"",
-                   ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH))
+    res = _syscall(c_long(nr("move_mount")), c_int(from_fd), b"",
+                   c_int(to_fd), b"",
+                   c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH))
     return _check(res, what)
 
 
 def mount_setattr(fd, attr_set, recursive=True, attr_clr=0, propagation=0):
     attr = _MountAttr(attr_set, attr_clr, propagation, 0)
     flags = AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)
-    return syscall("mount_setattr", ctypes.c_int(fd), b"", ctypes.c_uint(flags),
-                   ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    return syscall("mount_setattr", c_int(fd), b"", c_uint(flags),
+                   byref(attr), c_size_t(sizeof(attr)))
 
 
 def fsopen(fstype):
-    return syscall("fsopen", _b(fstype), ctypes.c_uint(FSOPEN_CLOEXEC))
+    return syscall("fsopen", _b(fstype), c_uint(FSOPEN_CLOEXEC))
 
 
 def fsconfig(fd, key, value=None):
     if value is None:
-        return syscall("fsconfig", ctypes.c_int(fd), ctypes.c_uint(FSCONFIG_SET_FLAG),
-                       _b(key), None, ctypes.c_int(0))
-    return syscall("fsconfig", ctypes.c_int(fd), ctypes.c_uint(FSCONFIG_SET_STRING),
-                   _b(key), _b(value), ctypes.c_int(0))
+        return syscall("fsconfig", c_int(fd), c_uint(FSCONFIG_SET_FLAG),
+                       _b(key), None, c_int(0))
+    return syscall("fsconfig", c_int(fd), c_uint(FSCONFIG_SET_STRING),
+                   _b(key), _b(value), c_int(0))
 
 
 def fsmount(fsfd, attrs=0):
-    syscall("fsconfig", ctypes.c_int(fsfd), ctypes.c_uint(FSCONFIG_CMD_CREATE),
-            None, None, ctypes.c_int(0))
-    return syscall("fsmount", ctypes.c_int(fsfd), ctypes.c_uint(FSMOUNT_CLOEXEC),
-                   ctypes.c_uint(attrs))
+    syscall("fsconfig", c_int(fsfd), c_uint(FSCONFIG_CMD_CREATE),
+            None, None, c_int(0))
+    return syscall("fsmount", c_int(fsfd), c_uint(FSMOUNT_CLOEXEC),
+                   c_uint(attrs))
 
 
 def sethostname(name):
     n = _b(name)
-    return _check(libc.sethostname(n, ctypes.c_size_t(len(n))), "sethostname")
+    return _check(libc.sethostname(n, c_size_t(len(n))), "sethostname")
 
 
 def set_comm(name):
     """prctl(PR_SET_NAME): the name ps and /proc/PID/comm show (15 bytes)."""
-    buf = ctypes.create_string_buffer(_b(name)[:15])
-    prctl(PR_SET_NAME, ctypes.addressof(buf))
+    buf = create_string_buffer(_b(name)[:15])
+    prctl(PR_SET_NAME, addressof(buf))
 
 
 def read_fd(fd, limit=None, chunk=1 << 20):

@@ -214,13 +214,12 @@ def _close_except(keep):
 
 def _open_pty(sock):
     """A pty in the sandbox's devpts; the master goes to the launcher."""
-    import ctypes
     import socket
     master = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    k.libc.ioctl(master, 0x40045431, ctypes.byref(ctypes.c_int(0)))  # TIOCSPTLCK: unlock
+    k.libc.ioctl(master, 0x40045431, k.byref(k.c_int(0)))  # TIOCSPTLCK: unlock
     slave = k.libc.ioctl(master, 0x5441, os.O_RDWR | os.O_NOCTTY)  # TIOCGPTPEER
     if slave < 0:
-        raise OSError(ctypes.get_errno(), "opening the pty's slave failed")
+        raise OSError(k.get_errno(), "opening the pty's slave failed")
     socket.send_fds(sock, [b"m"], [master])
     os.close(master)
     sock.close()
@@ -281,9 +280,8 @@ def run(plan, go_r, err_w, tty_sock, wait):
             # A one-id map of its own euid is one a process may write for
             # itself (user_namespaces(7)): no round trip with the launcher.
             step = "writing the user namespace's id maps"
-            from ..linux import idmap
             _, uin, uout, gin, gout = plan.idmap
-            idmap.write_single("self", uin, uout, gin, gout, plan.real_root)
+            k.write_single("self", uin, uout, gin, gout, plan.real_root)
         if not (cs and cs.runtime_hooks(plan)):
             os.close(go_r)     # else kept for the hooks point
         # Not dumpable: the command cannot open /proc/1/exe, /proc/1/fd/* or

@@ -7,7 +7,7 @@ import sys
 
 from .. import plan as planmod
 from ..errors import SandboxError
-from ..linux import cgroup, idmap
+from ..linux import cgroup
 from ..linux import sys as k
 from . import channel
 # Imported here rather than in the clone child: the child then starts work at
@@ -45,6 +45,7 @@ def _write_maps(plan, pid):
     """Multi-range maps need the launcher (newuidmap/newgidmap, or root);
     init writes a one-id map for itself."""
     if plan.idmap and plan.idmap[0] == "full":
+        from ..linux import idmap    # loaded by the plan already (LAUNCHER_IDS)
         idmap.write_full(pid, plan.idmap[1], plan.idmap[2], plan.real_root)
 
 
