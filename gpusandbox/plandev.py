@@ -108,11 +108,8 @@ def driver_roots(spec, host_env):
     then the settings files).  --driver-root wins over both: a dev root
     from the settings belongs with their driver root, not with another one
     given on the command line."""
-    if spec.driver_root:
-        return spec.driver_root, spec.dev_root
     from . import settings
-    root, dev = settings.driver_roots(host_env)
-    return root, spec.dev_root or dev
+    return settings.driver_roots(host_env, spec.driver_root, spec.dev_root)
 
 
 def _cdi(plan, names, rootfd, host_env):

@@ -58,9 +58,10 @@ DOORS = {
     "wrapper": "gpusandbox-runtime, the runtime wrapper",
     "filter": "gpusandbox oci-filter, podman's precreate hook",
     "pull": "gpusandbox pull", "images": "gpusandbox images, rmi",
+    "inspect": "gpusandbox info, list, doctor, mps, cdi generate and check",
 }
 _RUN = "run, slurm-oci, spank"      # `run`'s own options: the doors that are `run`
-_ALL = "run, slurm-oci, spank, gpusandbox-oci, hook, wrapper, filter"
+_ALL = "run, slurm-oci, spank, gpusandbox-oci, hook, wrapper, filter, inspect"
 _STORE = "run, spank, pull, images"
 _IMAGES = "run, spank, pull"         # a registry or store image (slurm-oci runs a directory)
 
@@ -369,11 +370,9 @@ def source_dirs(environ):
 
 
 def configured(environ=None):
-    """Whether any source of settings exists beyond the defaults: a
-    variable of ENV_VARS set, or one of source_dirs().  Without one, every
-    key has its default and there is no site hook, so a launch skips
-    siterun, conffile and sitehooks altogether (a few stat calls instead
-    of three modules)."""
+    """Whether a variable of ENV_VARS is set or one of source_dirs() exists.
+    Without one, every key has its default and there is no site hook: a
+    launch skips siterun, conffile and sitehooks (stat calls, not modules)."""
     environ = os.environ if environ is None else environ
     if any(environ.get(v) for v in ENV_VARS):
         return True
@@ -492,9 +491,11 @@ def get(name, environ=None):
             else Settings(environ)).get(name)
 
 
-def driver_roots(environ=None):
-    """(driver root, dev root or None: the driver root's /dev) for GPU
-    injection.  This process's own environment is read through current(),
-    once per process: `run` asks it after siterun and again per step."""
+def driver_roots(environ=None, root=None, dev=None):
+    """(driver root, dev root or None: its /dev); root, dev: --driver-root
+    and --dev-root, which win (a dev root of the settings goes with theirs).
+    This process's own environment is read through current(), once."""
+    if root:
+        return root, dev
     s = current() if environ is None or environ is os.environ else Settings(environ)
-    return s.get("driver-root"), s.get("dev-root")
+    return s.get("driver-root"), dev or s.get("dev-root")

@@ -103,8 +103,8 @@ def _parser():
                epilog="Exit status: 0 nothing failed (warnings allowed), 1 a check failed, "
                       "125 usage error.")
     p.add_argument("--gpus", default="all", metavar="SEL", help="GPUs to verify (default: all)")
-    p.add_argument("--driver-root", default="/", metavar="DIR",
-                   help="where the host driver lives (default /)")
+    p.add_argument("--driver-root", default=None, metavar="DIR",
+                   help="where the host driver lives (default: the driver-root setting, /)")
     p.add_argument("--dev-root", default=None, metavar="DIR", help="where its device nodes live")
     p.add_argument("--userns", default="auto", choices=("auto", "single", "subids", "host"),
                    help="check the prerequisites of this user-namespace mode")
@@ -139,6 +139,8 @@ def main(argv, roots=None):
     """`gpusandbox doctor ARGV`; roots replaces /proc, /sys and /etc (tests)."""
     try:
         a = _parser().parse_args(argv)
+        from gpusandbox import settings
+        a.driver_root, a.dev_root = settings.driver_roots(None, a.driver_root, a.dev_root)
         opts = Options(gpus=a.gpus, driver_root=os.path.abspath(a.driver_root),
                        dev_root=os.path.abspath(a.dev_root) if a.dev_root else None,
                        image=_image_arg(a.image), userns=a.userns,

@@ -32,8 +32,8 @@ def parser():
                    help="up: the daemon's default pinned memory limit")
     p.add_argument("--gpu-compute", metavar="PCT",
                    help="up: the daemon's default active thread percentage")
-    p.add_argument("--driver-root", default="/", metavar="DIR",
-                   help="root of the NVIDIA driver files")
+    p.add_argument("--driver-root", default=None, metavar="DIR",
+                   help="root of the NVIDIA driver files (default: the driver-root setting, /)")
     p.add_argument("--dev-root", metavar="DIR", help="where the /dev/nvidia* nodes are "
                    "(default: <driver root>/dev)")
     p.add_argument("--json", action="store_true", help="one object per GPU, for tools")
@@ -208,7 +208,9 @@ def status_lines(r):
 
 
 def main(argv):
+    from gpusandbox import settings
     a = parser().parse_args(argv)
+    a.driver_root, a.dev_root = settings.driver_roots(None, a.driver_root, a.dev_root)
     host, daemons = _daemons(a)
     rows = []
     for d in daemons:

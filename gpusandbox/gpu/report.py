@@ -43,8 +43,8 @@ def _parser(prog, with_selection):
                              hint=f"see gpusandbox {prog} --help")
 
     p = Parser(prog=f"gpusandbox {prog}", description=_DESCRIPTIONS[prog])
-    p.add_argument("--driver-root", default="/", metavar="DIR",
-                   help="root of the NVIDIA driver files")
+    p.add_argument("--driver-root", default=None, metavar="DIR",
+                   help="root of the NVIDIA driver files (default: the driver-root setting, /)")
     p.add_argument("--dev-root", default=None, metavar="DIR", help="where the /dev/nvidia* "
                    "nodes are (default: <driver root>/dev)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -60,6 +60,14 @@ def _parser(prog, with_selection):
         p.add_argument("--fabric", default=None, metavar="auto|all|none|HCA,...",
                        help="the RDMA adapters a launch with this --fabric would get (docs/fabric.md)")
     return p
+
+
+def _roots(args):
+    """--driver-root/--dev-root, else the settings' (docs/config.md)."""
+    from gpusandbox import settings
+    args.driver_root, args.dev_root = settings.driver_roots(None, args.driver_root,
+                                                            args.dev_root)
+    return args
 
 
 def info_data(host):
@@ -105,7 +113,7 @@ def _print_info(data):
 
 def main_info(argv):
     try:
-        args = _parser("info", False).parse_args(argv)
+        args = _roots(_parser("info", False).parse_args(argv))
         from gpusandbox.gpu import discover
         host = discover.discover(args.driver_root, args.dev_root)
         data = info_data(host)
@@ -143,7 +151,7 @@ def list_data(host, sel):
 
 def main_list(argv):
     try:
-        args = _parser("list", True).parse_args(argv)
+        args = _roots(_parser("list", True).parse_args(argv))
         from gpusandbox.gpu import discover, select
         host = discover.discover(args.driver_root, args.dev_root)
         env = dict(os.environ)

@@ -143,7 +143,9 @@ def _gpus_from_cgroup(opts, environ, trust_env=True):
             (trust_env and (slurm.in_gpu_step(environ) or "SLURM_STEP_ID" not in environ)):
         return opts
     from ..gpu import discover
-    host = discover.discover(_opt(opts, "--driver-root") or "/", _opt(opts, "--dev-root"))
+    from .. import settings
+    host = discover.discover(*settings.driver_roots(environ, _opt(opts, "--driver-root"),
+                                                    _opt(opts, "--dev-root")))
     verdict = {g.index: slurm.probe_node(slurm._node_path(host, g)) for g in host.gpus}
     if False not in verdict.values():
         if verdict:

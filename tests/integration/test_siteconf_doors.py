@@ -234,6 +234,29 @@ def test_oci_filter_takes_the_driver_root_of_the_site_file(cli, etc, sim_host, s
                        input=b"{}", capture_output=True)
 
 
+def test_inspection_commands_take_the_driver_root_of_the_site_file(cli, etc, sim_host):
+    """info, list, cdi generate and doctor look at the driver the site file
+    names (the `inspect` door), as `run` uses it; --driver-root still wins."""
+    from .oci_fixtures import BASE_ENV
+    _site_driver_root(etc, sim_host)
+
+    def run(*args):
+        return subprocess.run(_overlay(etc, [cli, *args]), capture_output=True, text=True,
+                              env=BASE_ENV, timeout=120)
+    r = run("info", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["driver_root"] == str(sim_host.root) and len(info["gpus"]) == 4
+    r = run("list", "--gpus", "1", "--json")
+    assert r.returncode == 0 and str(sim_host.root) in r.stdout, r.stderr
+    r = run("cdi", "generate")
+    assert r.returncode == 0 and "nvidia.com/gpu" in r.stdout, r.stderr
+    r = run("doctor", "--json")
+    assert str(sim_host.root) in r.stdout, r.stdout + r.stderr
+    r = run("info", "--json", "--driver-root", "/")
+    assert r.returncode != 0 or json.loads(r.stdout)["driver_root"] == "/", r.stdout
+
+
 def test_wrapper_takes_the_driver_root_of_the_site_file(cli, etc, sim_host, shared_tmp):
     """gpusandbox-runtime edits the bundle with the site file's driver
     root, then execs the runtime (here a stand-in that keeps the config)."""

@@ -64,8 +64,8 @@ def generate_parser():
                    help="the cdiVersion to write (default: the lowest that holds the spec)")
     p.add_argument("--gpu-caps", metavar="CAPS",
                    help="driver capabilities whose files the spec mounts")
-    p.add_argument("--driver-root", default="/", metavar="DIR",
-                   help="where the host driver lives (default /)")
+    p.add_argument("--driver-root", default=None, metavar="DIR",
+                   help="where the host driver lives (default: the driver-root setting, /)")
     p.add_argument("--dev-root", metavar="DIR", help="where its device nodes live")
     p.add_argument("--nvidia-cdi-hook-path", metavar="PATH",
                    help="nvidia-cdi-hook for the spec's hooks (default: its usual path "
@@ -75,7 +75,9 @@ def generate_parser():
 
 def main_generate(argv):
     from gpusandbox.oci.cdi import produce as gen
+    from gpusandbox import settings
     a = generate_parser().parse_args(argv)
+    a.driver_root, a.dev_root = settings.driver_roots(None, a.driver_root, a.dev_root)
     hook = a.nvidia_cdi_hook_path
     if hook is None:
         hook = gen.DEFAULT_HOOK if os.path.exists(gen.DEFAULT_HOOK) else ""
@@ -185,8 +187,8 @@ def check_parser():
     p = _parser("gpusandbox cdi check")
     p.add_argument("specs", nargs="*", metavar="SPEC", help="spec files to check (default: "
                    "those of the spec directories)")
-    p.add_argument("--driver-root", default="/", metavar="DIR",
-                   help="where the host driver lives (default /)")
+    p.add_argument("--driver-root", default=None, metavar="DIR",
+                   help="where the host driver lives (default: the driver-root setting, /)")
     p.add_argument("--dev-root", metavar="DIR", help="where its device nodes live")
     p.add_argument("--spec-dir", action="append", metavar="DIR",
                    help="a spec directory to read (repeatable; default: the usual ones)")
@@ -196,7 +198,9 @@ def check_parser():
 def main_check(argv):
     from gpusandbox.oci.cdi.registry import Registry, Spec
     from gpusandbox.oci.cdi.spec import parse
+    from gpusandbox import settings
     a = check_parser().parse_args(argv)
+    a.driver_root, a.dev_root = settings.driver_roots(None, a.driver_root, a.dev_root)
     if a.specs:
         specs = []
         for path in a.specs:
