@@ -17,7 +17,7 @@ from gpusandbox.errors import CgroupError, UsageError
 # cgroupv1.py and cgroupupdate.py.
 from .cgplace import (  # noqa: F401
     _read, _mounts, _cgroup2, cgroup2_mount, _own_cgroups, _privileged, _writable,
-    _resolve_parent, leaf_parent, unwritable)
+    _resolve_parent, unwritable)
 
 
 def __getattr__(name):

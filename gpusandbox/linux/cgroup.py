@@ -42,7 +42,7 @@ from gpusandbox.errors import CgroupError, UsageError
 from . import cgplace
 from .cgfs import (  # noqa: F401 - clean_stale and status are part of this module's API
     _write, _mounts, _cgroup2, _v1_mounts,
-    _v1_bound, _own_cgroups, _privileged, _writable, _mkdir,
+    _v1_bound, _own_cgroups, _privileged, _mkdir,
     _words, _resolve_parent, clean_stale, _rmtree, status)
 from .cgplace import NO_CGROUP2
 
