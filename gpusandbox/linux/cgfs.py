@@ -1,19 +1,23 @@
-"""cgroup filesystem facts and limit values, for cgroup.py.
+"""cgroup filesystem facts for cgroup.py: what making and removing a leaf needs.
 
 Everything here reads the host through a proc root (`proc`, default /proc)
-and paths under the cgroup mount, so tests point it at a fake tree: the
-cgroup2 mount and any v1 controllers from <proc>/self/mountinfo, the
-launcher's own cgroup, delegation, capabilities, and the leaves a launcher
-killed with SIGKILL left behind.  Limits and their interface files are
-cgroupres.py's."""
+and paths under the cgroup mount, so tests point it at a fake tree: any v1
+controllers from <proc>/self/mountinfo and <proc>/cgroups, interface files,
+the leaves a launcher killed with SIGKILL left behind, and the facts `info`
+and `doctor` show.  Where a leaf goes (the cgroup2 mount, the launcher's own
+cgroup, delegation, capabilities) is cgplace.py's; limits and their
+interface files are cgroupres.py's."""
 import errno
 import os
 
 from gpusandbox.errors import CgroupError, UsageError
-from gpusandbox.linux import host
-from gpusandbox.linux.sys import read_file
 
-_CAP_NET_ADMIN, _CAP_SYS_ADMIN, _CAP_BPF = 12, 21, 39
+# The placement facts are cgplace.py's (a launch without a leaf loads only
+# that module); they are part of this module's API for cgroup.py, cgempty.py,
+# cgroupv1.py and cgroupupdate.py.
+from .cgplace import (  # noqa: F401
+    _read, _mounts, _cgroup2, cgroup2_mount, _own_cgroups, _privileged, _writable,
+    _resolve_parent, unwritable)
 
 
 def __getattr__(name):
@@ -26,10 +30,6 @@ def __getattr__(name):
 
 
 # --- host facts ----------------------------------------------------------------
-def _read(path):
-    return read_file(path).decode("utf-8", "replace")
-
-
 def _write(path, text):
     # No O_CREAT: every cgroup interface file exists; a missing one means the
     # controller or feature is absent, which the caller reports.
@@ -38,46 +38,6 @@ def _write(path, text):
         os.write(fd, text.encode())
     finally:
         os.close(fd)
-
-
-def _unescape(field):
-    # mountinfo escapes space, tab, newline and backslash as \ooo.
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def _mounts(proc):
-    """[(mount point, root in the fs, fstype, super options)] from mountinfo."""
-    out = []
-    for line in _read(f"{proc}/self/mountinfo").splitlines():
-        left, sep, right = line.partition(" - ")
-        a, b = left.split(), right.split()
-        if sep and len(a) >= 5 and len(b) >= 3:
-            out.append((_unescape(a[4]), _unescape(a[3]), b[0], b[2].split(",")))
-    return out
-
-
-def _cgroup2(mounts):
-    for point, root, fstype, _ in mounts:
-        if fstype == "cgroup2":
-            return point, root
-    return None
-
-
-def cgroup2_mount(proc="/proc"):
-    """Where this process sees the cgroup2 hierarchy, or None; OSError when
-    mountinfo cannot be read."""
-    found = _cgroup2(_mounts(proc))
-    return found[0] if found else None
 
 
 def _v1_mounts(mounts):
@@ -104,38 +64,6 @@ def _v1_bound(proc):
         if len(f) == 4 and not line.startswith("#") and f[1] != "0" and f[3] == "1":
             out.add(f[0])
     return out
-
-
-def _own_cgroups(proc):
-    """{controllers field: path} from /proc/self/cgroup ('' is the v2 line)."""
-    out = {}
-    for line in _read(f"{proc}/self/cgroup").splitlines():
-        hid, _, rest = line.partition(":")
-        ctl, _, path = rest.partition(":")
-        out[ctl if hid != "0" else ""] = path
-    return out
-
-
-def _privileged(proc):
-    """Whether bpf(BPF_PROG_LOAD/ATTACH) of a device program can succeed:
-    CAP_SYS_ADMIN, or CAP_BPF with CAP_NET_ADMIN, in the initial user
-    namespace (capabilities in a child user namespace do not count for bpf)."""
-    try:
-        status = _read(f"{proc}/self/status")
-    except OSError:
-        return False
-    if not host.initial_userns(proc):
-        return False
-    for line in status.splitlines():
-        if line.startswith("CapEff:"):
-            caps = int(line.split()[1], 16)
-            return bool(caps >> _CAP_SYS_ADMIN & 1
-                        or (caps >> _CAP_BPF & 1 and caps >> _CAP_NET_ADMIN & 1))
-    return False
-
-
-def _writable(path):
-    return os.access(path, os.W_OK)
 
 
 def _mkdir(path):
@@ -171,37 +99,6 @@ def _populated(path):
     except OSError:
         return True
     return False
-
-
-def _resolve_parent(mount, mount_root, own, parent, opt="--cgroup-parent"):
-    """The parent directory of the leaf: `parent` as an absolute path under
-    the mount, else as a cgroup path relative to the mount (with or without
-    the leading / of /proc/<pid>/cgroup); by default the launcher's own."""
-    if parent is None:
-        if own is None:
-            raise CgroupError("cgroup: the launcher's cgroup is unknown",
-                              f"{mount} is mounted but /proc/self/cgroup has no line for it",
-                              hint=f"pass {opt} with a path under {mount}")
-        rel = own
-        if mount_root not in ("/", "") and (own + "/").startswith(mount_root.rstrip("/") + "/"):
-            rel = own[len(mount_root.rstrip("/")):]
-        elif mount_root not in ("/", ""):
-            raise CgroupError(f"cgroup: the launcher's cgroup {own} is not visible",
-                              f"{mount} shows only {mount_root}",
-                              hint=f"pass {opt} with a path under {mount}")
-    elif parent == mount or parent.startswith(mount.rstrip("/") + "/"):
-        rel = parent[len(mount):]
-    else:
-        # Relative, or absolute as /proc/<pid>/cgroup prints it ("0::/a/b").
-        rel = parent
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise UsageError(f"{opt} {parent}: '..' is not allowed", hint=f"give a path under {mount}")
-    path = os.path.join(mount, *parts)
-    if not os.path.isdir(path):
-        raise UsageError(f"{opt} {parent or own}: no such cgroup ({path})",
-                         hint="create it first or name an existing cgroup")
-    return path
 
 
 def _leaf_pid(name, prefix):
@@ -318,8 +215,7 @@ def status(proc="/proc"):
         try:
             out["own_cgroup"] = _own_cgroups(proc).get("")
             pdir = out["leaf_parent"] = _resolve_parent(cg2[0], cg2[1], out["own_cgroup"], None)
-            out["delegated"] = all(_writable(f) for f in (
-                pdir, f"{pdir}/cgroup.procs", f"{pdir}/cgroup.subtree_control"))
+            out["delegated"] = unwritable(pdir) is None
             out["controllers"] = _words(f"{pdir}/cgroup.controllers")
         except OSError as e:
             out["error"] = e.strerror

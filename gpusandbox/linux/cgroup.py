@@ -18,6 +18,11 @@ Without any cgroup2 mount a root caller falls back to a v1 devices cgroup;
 clone3 cannot place a child in a v1 cgroup, so dirfd is -1 and the launcher
 must h.join(pid) before the child runs anything from the image.
 
+Where the leaf goes (privileged or not, the cgroup2 mount, the parent, its
+delegation) and the fields of the handle are cgplace.py's, shared with
+cgplace.without_leaf: a launch without limits that can have no leaf ends
+there and never loads this module.
+
 A launcher killed with SIGKILL cannot remove its leaf: the reaper it forks
 before creating the leaf (reaper.py) does, once the launcher is gone.  Leaves
 left anyway (the reaper killed too) are removed by the next prepare() under
@@ -34,10 +39,12 @@ import os
 
 from gpusandbox.errors import CgroupError, UsageError
 
+from . import cgplace
 from .cgfs import (  # noqa: F401 - clean_stale and status are part of this module's API
     _write, _mounts, _cgroup2, _v1_mounts,
-    _v1_bound, _own_cgroups, _privileged, _writable, _mkdir,
+    _v1_bound, _own_cgroups, _privileged, _mkdir,
     _words, _resolve_parent, clean_stale, _rmtree, status)
+from .cgplace import NO_CGROUP2
 
 
 BEST_EFFORT_OPTION = "--best-effort-limits"
@@ -61,57 +68,9 @@ def option(name):
 
 
 # --- the handle ------------------------------------------------------------------
-class CgroupHandle:
-    """What prepare() set up; teardown() undoes it."""
-
-    def __init__(self, verbose=None):
-        self.dirfd = -1          # O_PATH fd of the v2 leaf for CLONE_INTO_CGROUP
-        self.path = None         # the leaf, v2 or (fallback) v1 devices
-        self.notes = []
-        self.warnings = []       # always shown: what the user asked for and did not get
-        self.filter = None       # 'bpf' | 'v1' | None
-        self.prog_id = None
-        self.version = None      # 2 or 1 when a leaf exists
-        self.v1 = []             # cgroup v1 leaves of the limits (cgroupv1.py)
-        self.v1_at = {}          # {v1 controller: its leaf}
-        self.v1_view = []        # [(directory name, controllers)] of their hierarchies
-        self.v1_path = None      # the OCI runtime's cgroupsPath for them (prepare)
-        self._fd = -1            # O_RDONLY fd of the leaf: bpf() refuses O_PATH fds
-        self._prog_fd = -1
-        self._reaper = -1        # write end of the reaper's pipe (reaper.py)
-        self._reaper_pid = 0
-        self._attached = False
-        self._done = False
-        self._verbose = verbose
-
-    def note(self, line):
-        self.notes.append(line)
-        if self._verbose:
-            self._verbose(line)
-
-    @property
-    def fds(self):
-        """Open fds the sandbox's init must close before running anything
-        from the image (all are O_CLOEXEC; this matters only before execve)."""
-        return [fd for fd in (self.dirfd, self._fd, self._prog_fd, self._reaper) if fd >= 0]
-
-    @property
-    def needs_join(self):
-        """Whether the launcher must join() the init by pid: v1 leaves, or
-        no dirfd for clone3(CLONE_INTO_CGROUP)."""
-        return bool(self.v1) or bool(self.dirfd < 0 and self.path)
-
-    def view(self):
-        """What the sandbox's /sys/fs/cgroup shows (plan.own_cgroup, for
-        stages/sysmounts.py): False (none of its own), True (its cgroup2
-        leaf), or [(name, controllers)] of its v1 hierarchies, with
-        ("unified", None) for its cgroup2 leaf beside them (hybrid)."""
-        if not self.v1_view:
-            return self.version == 2 and self.dirfd >= 0
-        view = list(self.v1_view)
-        if self.version == 2 and self.dirfd >= 0:
-            view.append(("unified", None))
-        return view
+class CgroupHandle(cgplace.Handle):
+    """What prepare() set up (the fields and the view are cgplace.Handle's);
+    teardown() undoes it."""
 
     @classmethod
     def restore(cls, path, version, v1=()):
@@ -241,13 +200,6 @@ def _fail_or_note(h, best_effort, err):
     h.warnings.append(line)
 
 
-def _rootless_filter_note(h):
-    why = "device isolation rests on the bind-mounted nodes alone"
-    if os.environ.get("SLURM_JOB_ID"):
-        why += " and on the Slurm job's own device cgroup"
-    h.note(f"device filter: not applied (rootless: {why})")
-
-
 def _make_v1(h, name, files, where, best_effort):
     if not where:
         return
@@ -273,23 +225,16 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
     v1_ctls = _v1_bound(proc) | set(_v1_mounts(mounts))
     files = [f for f in (limits.files(2) if limits is not None else [])
              if (f[0] if f[0] != "io" else "blkio") not in v1_ctls]
-    mount, mount_root = cg2
-    pdir = _resolve_parent(mount, mount_root, _own_cgroups(proc).get(""), parent)
-    missing = [f for f in (pdir, f"{pdir}/cgroup.procs", f"{pdir}/cgroup.subtree_control")
-               if not _writable(f)]
-    if missing:
-        why = f"{', '.join(missing)} not writable by uid {os.getuid()}"
+    mount = cg2[0]
+    pdir = cgplace.leaf_parent(cg2, parent, proc)
+    why = cgplace.unwritable(pdir)
+    if why:
         if files:
             _fail_or_note(h, best_effort, CgroupError(
                 f"cgroup: cannot create a cgroup for {', '.join(option(f) for _, f, _ in files)}",
                 why, hint="run inside a delegated cgroup (systemd-run --user --scope -p Delegate=yes), "
                           f"pass --cgroup-parent naming one, or run without limits ({BEST_EFFORT_OPTION})"))
-        h.note(f"cgroup: none ({why})")
-        if privileged:
-            raise CgroupError("device filter: no cgroup to attach it to", why,
-                              hint=f"make {pdir} writable or pass --cgroup-parent")
-        else:
-            _rootless_filter_note(h)
+        cgplace.no_leaf(h, why, privileged, pdir)
         return
     clean_stale(pdir, prefix, proc, h.notes)
     files = _usable(h, files, pdir, mount, proc, mounts, best_effort)
@@ -316,7 +261,7 @@ def _prepare(h, parent, limits, rules, best_effort, prefix, proc):
     if privileged:
         _attach_bpf(h, pdir, rules)
     else:
-        _rootless_filter_note(h)
+        cgplace.rootless_filter_note(h)
 
 
 def _usable(h, files, pdir, mount, proc, mounts, best_effort):
@@ -435,7 +380,7 @@ def _attach_bpf(h, pdir, rules):
 def _prepare_v1(h, mounts, parent, files, where, rules, privileged, best_effort, prefix, proc):
     """No cgroup2 mount: the limits go to v1 leaves (_v1_plan); root gets
     the v1 devices list."""
-    why = "no cgroup2 filesystem is mounted (no line of type cgroup2 in /proc/self/mountinfo)"
+    why = NO_CGROUP2
     name = f"{prefix}-{os.getpid()}-{os.urandom(4).hex()}"
     extra = [os.path.join(p, name) for p, *_ in where.values()]
     if not privileged:
@@ -446,9 +391,9 @@ def _prepare_v1(h, mounts, parent, files, where, rules, privileged, best_effort,
             h.path, h.version = h.v1.pop(0), 1
             h.v1_view = []      # a rootless v1 mount in the sandbox is refused anyway
             h.v1_at = {c: p for c, p in h.v1_at.items() if p != h.path}
+            cgplace.rootless_filter_note(h)
         else:
-            h.note(f"cgroup: none ({why})")
-        _rootless_filter_note(h)
+            cgplace.no_leaf(h, why, False, None)
         return
     devmount = _v1_mounts(mounts).get("devices")
     if devmount is None:

@@ -7,7 +7,7 @@ import sys
 
 from .. import plan as planmod
 from ..errors import SandboxError
-from ..linux import cgroup
+from ..linux import cgplace
 from ..linux import sys as k
 from . import channel
 # Imported here rather than in the clone child: the child then starts work at
@@ -25,11 +25,19 @@ def _say(msg):
 
 def _cgroup(plan, spec):
     """The sandbox's cgroup handle: a leaf when this launch can have one
-    (root, or a delegated subtree); without one, notes saying why."""
+    (root, or a delegated subtree); without one, notes saying why.  A launch
+    without limits that can have no leaf (rootless, the caller's cgroup not
+    delegated) is decided by cgplace alone: cgroup.py is for making leaves."""
     limits = None
     if any((spec.memory, spec.memory_swap, spec.pids_limit, spec.cpus)):
-        limits = cgroup.Limits(memory=spec.memory, memory_swap=spec.memory_swap,
-                               pids=spec.pids_limit, cpus=spec.cpus)
+        from ..linux import cgroupres
+        limits = cgroupres.Limits(memory=spec.memory, memory_swap=spec.memory_swap,
+                                  pids=spec.pids_limit, cpus=spec.cpus)
+    else:
+        h = cgplace.without_leaf(spec.cgroup_parent)
+        if h is not None:
+            return h
+    from ..linux import cgroup
     return cgroup.prepare(parent=spec.cgroup_parent, limits=limits,
                           device_rules=plan.device_rules, best_effort=spec.best_effort)
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from gpusandbox.errors import CgroupError, UsageError
-from gpusandbox.linux import bpfdev, cgempty, cgfs, cgroup
+from gpusandbox.linux import bpfdev, cgempty, cgfs, cgplace, cgroup
 from gpusandbox.linux.cgroup import Limits
 
 from .test_bpfdev import run as run_bpf
@@ -51,8 +51,8 @@ class Fake:
                 old = open(p).read().replace(text, "")
                 with open(p, "w") as f:
                     f.write(" ".join(old.split() + [text.lstrip("+")]))
-        # The file helpers live in cgfs and are also used from cgroup and cgempty.
-        for mod in (cgroup, cgfs, cgempty):
+        # The file helpers live in cgplace and cgfs and are also used from cgroup and cgempty.
+        for mod in (cgroup, cgfs, cgempty, cgplace):
             monkeypatch.setattr(mod, "_write", write, raising=False)
             monkeypatch.setattr(mod, "_mkdir", self.mkdir, raising=False)
             monkeypatch.setattr(mod, "_rmdir", lambda p: shutil.rmtree(p), raising=False)
