@@ -198,9 +198,15 @@ def _pivot(rootfd, kern):
 
 
 def _peer_gone(fd):
-    """Whether the other end of a pipe that is never written has closed."""
-    import select   # loaded by the launcher (parent.py) before the clone
-    return bool(select.select([fd], [], [], 0)[0])
+    """Whether the other end of a pipe that is never written has closed:
+    a read that does not wait ends at once (EOF) or finds nothing yet."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 1) == b""
+    except BlockingIOError:
+        return False
+    finally:
+        os.set_blocking(fd, True)
 
 
 def _close_except(keep):

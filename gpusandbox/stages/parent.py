@@ -103,10 +103,8 @@ def launch(spec):
             or spec.pause_at == "after-clone"
         # `run` built its plan with the collector off (cli.run_and_exit): what
         # is loaded by now is frozen, so neither process walks it again, and
-        # both collect what they allocate from here on.  select: loaded before
-        # the clone, for init (_peer_gone) and the supervision alike.
+        # both collect what they allocate from here on.
         import gc
-        import select  # noqa: F401
         gc.freeze()
         gc.enable()
         pid, child, go_w, err_r = spawn_init(plan, cg, tty, wait, member, hold=True)
@@ -304,13 +302,27 @@ class _Child:
 def _supervise(child, err_r, master, on_start=None):
     """Forward signals to init, relay the terminal, collect the first error
     record, and return the sandbox's status once init exits.  `on_start` is
-    called once the command has started (the channel closed with no record)."""
+    called once the command has started (the channel closed with no record).
+    The signals it handles are blocked (launch() blocked them before the
+    clone): without a terminal to relay or a start to report, it takes them
+    one by one with sigwaitinfo(2) and reads the channel once init is gone
+    (every writer of it is then gone too); otherwise select(2) watches the
+    channel and the terminal beside them."""
     import _signal
+    sigs = set(FORWARDED) | {_SIGCHLD}
+    status = None
+    if master is None and on_start is None:
+        while status is None:
+            sig = _signal.sigwaitinfo(sigs).si_signo
+            if sig == _SIGCHLD:
+                status = child.poll()
+            else:
+                child.signal(sig)
+        return _channel_end(err_r, b"", status)
     import select
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     _signal.set_wakeup_fd(wake_w)
     noop = lambda signum, frame: None  # noqa: E731 - the wakeup fd carries the signal
-    sigs = set(FORWARDED) | {_SIGCHLD}
     for s in sigs:
         _signal.signal(s, noop)
     term = None
@@ -320,7 +332,6 @@ def _supervise(child, err_r, master, on_start=None):
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, sigs)
     errbuf = b""
     watch = [wake_r, err_r] + ([master, 0] if master is not None else [])
-    status = None
     while status is None:
         ready, _, _ = select.select(watch, [], [])
         if wake_r in ready:
@@ -343,10 +354,17 @@ def _supervise(child, err_r, master, on_start=None):
             term.relay(ready, watch)
     if term:
         term.finish()
+    return _channel_end(err_r, errbuf, status)
+
+
+def _channel_end(err_r, errbuf, status):
+    """The sandbox's status, or the first error record on the channel
+    (raised as the SandboxError it names)."""
     os.set_blocking(err_r, False)
     try:
-        errbuf += os.read(err_r, 4096)
-    except (BlockingIOError, OSError):
+        while chunk := os.read(err_r, 65536):
+            errbuf += chunk
+    except OSError:      # BlockingIOError: a writer is still there (a pod's rank)
         pass
     rec = channel.parse(errbuf)
     if rec:
