@@ -35,44 +35,97 @@ def open_target(rootfd, path, kind="dir", create=True, strict=False):
     when missing: a directory, or an empty regular file for kind="file".
 
     strict=True refuses symlinks on the way (used for the system mount
-    points).  Missing parts are created where the image's own symlinks lead
-    (inside the root), one component at a time with O_NOFOLLOW, so a racing
+    points).  A missing target whose parent exists is created in that
+    parent, held by descriptor (resolved like the target), with O_NOFOLLOW
+    or mkdirat, and reopened from it without following any symlink; other
+    missing parts are created where the image's own symlinks lead (inside
+    the root), one component at a time with O_NOFOLLOW, so a racing
     symlink swap can only make the call fail, never escape."""
     rel = path.strip("/")
     resolve = _RES_STRICT if strict else _RES_IN_ROOT
     if not rel:
         return os.dup(rootfd)
+    # A directory is asked for by O_DIRECTORY: the kernel checks the type of
+    # what it opens, no fstat needed.
+    want_dir = kind == "dir"
+    dflag = os.O_DIRECTORY if want_dir else 0
     try:
-        fd = _open(rootfd, rel, 0, resolve)
+        fd = _open(rootfd, rel, dflag, resolve)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EXDEV) and strict:
             raise MountError(e.errno, f"the image has a symlink at or above {path}; "
                              "refusing to mount over it") from None
+        if e.errno == errno.ENOTDIR and want_dir:
+            _refuse_not_dir(rootfd, rel, path, resolve)
         if e.errno != errno.ENOENT or not create:
             raise MountError(e.errno, f"cannot resolve {path} in the root: "
                              f"{os.strerror(e.errno)}") from None
-        have, missing = _canonical(rootfd, path, follow=not strict)
-        if missing:
-            pfd = _walk_create(rootfd, have + missing[:-1])
-            try:
-                _create(pfd, missing[-1], kind, path)
-            finally:
-                os.close(pfd)
-        # else: it appeared between the open and the walk (the image's own
-        # command renaming it back): open it again below like any other.
-        try:
-            fd = _open(rootfd, rel, 0, resolve)
-        except OSError as e2:
-            raise MountError(e2.errno, f"cannot resolve {path} in the root: "
-                             f"{os.strerror(e2.errno)}") from None
-    st = os.fstat(fd)
-    is_dir = stat.S_ISDIR(st.st_mode)
-    if (kind == "dir") != is_dir:
+        fd = _create_in_parent(rootfd, rel, path, kind, resolve, dflag)
+        if fd is None:
+            fd = _create_walking(rootfd, rel, path, kind, resolve, strict, dflag)
+    # A file asked for to mount on (create=True) is not checked here: the
+    # kernel refuses to attach a file's mount on a directory (move_mount:
+    # EINVAL, named by attach).  Without create the caller tries another
+    # kind or skips the path (the masks): the type is checked now.
+    if not want_dir and not create and stat.S_ISDIR(os.fstat(fd).st_mode):
         os.close(fd)
-        want = "a directory" if kind == "dir" else "a file"
-        raise MountError(errno.ENOTDIR if kind == "dir" else errno.EISDIR,
-                         f"mount point {path} in the image is not {want}")
+        raise MountError(errno.EISDIR, f"mount point {path} in the image is not a file")
     return fd
+
+
+def _refuse_not_dir(rootfd, rel, path, resolve):
+    """ENOTDIR from an O_DIRECTORY open: the target itself is not a
+    directory (the message says so), or a component above it is not."""
+    try:
+        os.close(_open(rootfd, rel, 0, resolve))
+    except OSError:
+        return
+    raise MountError(errno.ENOTDIR, f"mount point {path} in the image is not a directory")
+
+
+def _create_in_parent(rootfd, rel, path, kind, resolve, dflag):
+    """The missing target made in its existing parent: the parent opened as
+    the target would be (inside the root), the last name created there
+    without following a symlink and opened from it with no symlink
+    followed.  None where this does not apply (parent missing, the name a
+    link of the image, a race): the walk below decides then."""
+    parent, _, name = rel.rpartition("/")
+    if name in ("", ".", "..") or "\0" in name:
+        return None
+    if parent:
+        try:
+            pfd = _open(rootfd, parent, os.O_DIRECTORY, resolve)
+        except OSError:
+            return None
+    else:
+        pfd = rootfd
+    try:
+        _create(pfd, name, kind, path)
+        return _open(pfd, name, dflag, _RES_STRICT)
+    except OSError:
+        return None
+    finally:
+        if pfd != rootfd:
+            os.close(pfd)
+
+
+def _create_walking(rootfd, rel, path, kind, resolve, strict, dflag):
+    have, missing = _canonical(rootfd, path, follow=not strict)
+    if missing:
+        pfd = _walk_create(rootfd, have + missing[:-1])
+        try:
+            _create(pfd, missing[-1], kind, path)
+        finally:
+            os.close(pfd)
+    # else: it appeared between the open and the walk (the image's own
+    # command renaming it back): open it again below like any other.
+    try:
+        return _open(rootfd, rel, dflag, resolve)
+    except OSError as e:
+        if e.errno == errno.ENOTDIR and dflag:
+            _refuse_not_dir(rootfd, rel, path, resolve)
+        raise MountError(e.errno, f"cannot resolve {path} in the root: "
+                         f"{os.strerror(e.errno)}") from None
 
 
 def _check_name(name, path):
@@ -99,44 +152,87 @@ def _create(dirfd, name, kind, path):
                          f"{os.strerror(e.errno)}") from None
 
 
-def _walk_create(basefd, comps, modes_fd=None):
+def _walk_create(basefd, comps, modes_fd=None, cache=None, lstat=None):
     """O_PATH fd of base/comps, creating missing directories one component at
     a time.  Every component must be a plain name (no `..`), and each step is
     opened with openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS) relative to the
     previous one, so no step can leave `base`.  Modes are copied from the same
-    path under `modes_fd` when given (the image)."""
+    path under `modes_fd` when given (the image; read through `lstat`, a
+    function of the relative path, when given).
+
+    cache (a dict, prepare_upper's): each directory's fd kept under its
+    components, the walk starting from the longest one already there; the
+    fds it returns belong to the cache (basefd itself for no components).
+    Without it the caller owns the returned fd."""
     for comp in comps:
         _check_name(comp, "/" + "/".join(comps))
-
-    def step(fd, i, comp):
-        mode = 0o755
-        if modes_fd is not None:
+    start, fd = 0, basefd
+    if cache is not None:
+        for i in range(len(comps), 0, -1):
+            hit = cache.get(tuple(comps[:i]))
+            if hit is not None:
+                start, fd = i, hit
+                break
+    elif not comps:
+        return os.dup(basefd)
+    try:
+        for i in range(start, len(comps)):
+            comp = comps[i]
+            mode = 0o755
+            if modes_fd is not None:
+                rel = "/".join(comps[:i + 1])
+                try:
+                    mode = stat.S_IMODE((lstat(rel) if lstat else
+                                         os.lstat(rel, dir_fd=modes_fd)).st_mode)
+                except OSError:
+                    pass
             try:
-                mode = stat.S_IMODE(os.lstat("/".join(comps[:i + 1]), dir_fd=modes_fd).st_mode)
-            except OSError:
+                os.mkdir(comp, mode, dir_fd=fd)
+            except FileExistsError:
                 pass
-        try:
-            os.mkdir(comp, mode, dir_fd=fd)
-        except FileExistsError:
-            pass
-        except OSError as e:
-            raise MountError(e.errno, f"cannot create /{'/'.join(comps[:i + 1])} in the "
-                             f"root: {os.strerror(e.errno)}") from None
-        try:
-            return _open(fd, comp, os.O_DIRECTORY, _RES_STRICT)
-        except OSError as e:
-            raise MountError(e.errno, f"/{'/'.join(comps[:i + 1])} changed while the "
-                             "sandbox was being set up") from None
-    return k.walk_fd(basefd, comps, step)
+            except OSError as e:
+                raise MountError(e.errno, f"cannot create /{'/'.join(comps[:i + 1])} in the "
+                                 f"root: {os.strerror(e.errno)}") from None
+            try:
+                nfd = _open(fd, comp, os.O_DIRECTORY, _RES_STRICT)
+            except OSError as e:
+                raise MountError(e.errno, f"/{'/'.join(comps[:i + 1])} changed while the "
+                                 "sandbox was being set up") from None
+            if cache is not None:
+                cache[tuple(comps[:i + 1])] = nfd
+            elif fd != basefd:
+                os.close(fd)
+            fd = nfd
+    except BaseException:
+        if cache is None and fd != basefd:
+            os.close(fd)
+        raise
+    return fd
 
 
 def attach(mntfd, targetfd, what):
-    """Attach a detached mount (fsmount/open_tree fd) onto an O_PATH target."""
+    """Attach a detached mount (fsmount/open_tree fd) onto an O_PATH target.
+    The kernel attaches a directory only on a directory and anything else
+    only on a non-directory; a refusal of that kind is named."""
     try:
         k.move_mount(mntfd, targetfd, what)
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            _refuse_kinds(mntfd, targetfd, what)
+        raise
     finally:
         os.close(mntfd)
         os.close(targetfd)
+
+
+def _refuse_kinds(mntfd, targetfd, what):
+    src_dir = stat.S_ISDIR(os.fstat(mntfd).st_mode)
+    dst_dir = stat.S_ISDIR(os.fstat(targetfd).st_mode)
+    if src_dir != dst_dir:
+        raise MountError(errno.EISDIR if dst_dir else errno.ENOTDIR,
+                         f"{what}: the mount point in the image is "
+                         f"{'a directory' if dst_dir else 'not a directory'}, "
+                         f"the source {'is not' if dst_dir else 'is'}") from None
 
 
 def new_fs(fstype, options=(), attrs=k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV):
@@ -215,9 +311,14 @@ def open_host_node(host_path, major, minor):
 # the overlay is mounted, at the place the image's own symlinks lead to.
 
 
-def _canonical(lowerfd, path, max_links=40, follow=True):
+def _canonical(lowerfd, path, max_links=40, follow=True, lstat=None):
     """Split `path` into (existing canonical components, missing components),
-    following the image's symlinks as the image would (inside its root)."""
+    following the image's symlinks as the image would (inside its root).
+    lstat(rel): prepare_upper's memo of the image's entries (os.lstat
+    relative to lowerfd without it)."""
+    if lstat is None:
+        def lstat(rel):
+            return os.lstat(rel, dir_fd=lowerfd)
     todo = [c for c in path.split("/") if c and c != "."]
     cur = []
     hops = 0
@@ -229,7 +330,7 @@ def _canonical(lowerfd, path, max_links=40, follow=True):
             continue
         rel = "/".join(cur + [comp])
         try:
-            st = os.lstat(rel, dir_fd=lowerfd)
+            st = lstat(rel)
         except FileNotFoundError:
             if ".." in todo:
                 # The kernel would not resolve `missing/..` either; a walk
@@ -275,18 +376,35 @@ def prepare_upper(lowerfd, upperfd, points, links, sealed=()):
     in the sandbox, writable in its own overlay only."""
     parents = {}
     dirs = {}
+    seen = {}
+
+    def lstat(rel):
+        # The image's entries as first read: the walks of every path share
+        # its first components.  Only where to create in the upper layer
+        # depends on them (the overlay resolves the merged tree itself).
+        # An image written through (--rw: lower and upper are one tree)
+        # is read afresh, as it changes under the walks.
+        if lowerfd == upperfd:
+            return os.lstat(rel, dir_fd=lowerfd)
+        try:
+            hit = seen[rel]
+        except KeyError:
+            try:
+                hit = seen[rel] = os.lstat(rel, dir_fd=lowerfd)
+            except OSError as e:
+                hit = seen[rel] = e
+        if isinstance(hit, OSError):
+            raise hit
+        return hit
 
     def parent_of(path):
         parent = path.rstrip("/").rpartition("/")[0]
         if parent not in parents:
-            parents[parent] = _canonical(lowerfd, parent)
+            parents[parent] = _canonical(lowerfd, parent, lstat=lstat)
         return parents[parent]
 
     def upper_dir(comps):
-        key = tuple(comps)
-        if key not in dirs:
-            dirs[key] = _walk_create(upperfd, comps, lowerfd)
-        return dirs[key]
+        return _walk_create(upperfd, comps, lowerfd, dirs, lstat)
 
     def resolve(path):
         have, missing = parent_of(path)
@@ -294,11 +412,11 @@ def prepare_upper(lowerfd, upperfd, points, links, sealed=()):
         if missing:
             return have, missing + [name]
         try:
-            st = os.lstat("/".join(have + [name]), dir_fd=lowerfd)
+            st = lstat("/".join(have + [name]))
         except FileNotFoundError:
             return have, [name]
         if stat.S_ISLNK(st.st_mode):
-            return _canonical(lowerfd, path)
+            return _canonical(lowerfd, path, lstat=lstat)
         return have + [name], []
 
     try:
@@ -324,11 +442,13 @@ def prepare_upper(lowerfd, upperfd, points, links, sealed=()):
             have, missing = parent_of(path)
             fd = upper_dir(have + missing)
             name = path.rstrip("/").rpartition("/")[2]
+            # The upper layer is ours and fresh: a name is there only when
+            # this function put it there (a mount point, a link listed twice).
             try:
+                os.symlink(target, name, dir_fd=fd)
+            except FileExistsError:
                 os.unlink(name, dir_fd=fd)
-            except FileNotFoundError:
-                pass
-            os.symlink(target, name, dir_fd=fd)
+                os.symlink(target, name, dir_fd=fd)
     finally:
         for fd in dirs.values():
             os.close(fd)

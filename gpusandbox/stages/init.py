@@ -108,10 +108,13 @@ def _rootfs(plan, kern=KERNEL):
             finally:
                 kern.close(scratch)
         # After move_mount the detached mount's fd is the attached root.
+        # The image's fd is the target, closed by attach.
         root = kern.dup(mnt)
-        kern.attach(mnt, kern.dup(image), f"attaching the root filesystem over {plan.rootfs}")
+        target, image = image, None
+        kern.attach(mnt, target, f"attaching the root filesystem over {plan.rootfs}")
     finally:
-        kern.close(image)
+        if image is not None:
+            kern.close(image)
         if plan.squash:
             kern.close(plan.rootfd)
     return root

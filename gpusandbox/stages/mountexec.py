@@ -247,9 +247,13 @@ def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL):
     """Every op in order.  fds: open_sources(ops); sysfs: what the "sysfs" op
     does (the init's /sys, mounted where an OCI config lists it)."""
     stage = None
+    links = None    # (key, fd): the directory of the symlink ops just before
     try:
         for i, (op, fd) in enumerate(zip(ops, fds)):
             kind = op.op
+            if links is not None and kind != "symlink":
+                kern.close(links[1])
+                links = None
             if kind == "bind":
                 if op.reclone:
                     fd = _renumbered(kern, fd, op.recursive)
@@ -265,7 +269,7 @@ def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL):
                 _attach(kern, new, _target(kern, rootfd, op), op,
                         f"mounting {op.fstype} at {op.path}")
             elif kind == "symlink":
-                _symlink(kern, rootfd, op)
+                links = _symlink(kern, rootfd, op, links)
             elif kind == "file":
                 if stage is None:
                     stage = kern.new_fs("tmpfs", ("mode=0755", "size=16m"),
@@ -285,6 +289,8 @@ def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL):
             elif kind == "mknod":
                 _mknod(kern, rootfd, op)
     finally:
+        if links is not None:
+            kern.close(links[1])
         if stage is not None:
             kern.close(stage)
 
@@ -318,17 +324,29 @@ def _renumbered(kern, fd, recursive):
     return fresh
 
 
-def _symlink(kern, rootfd, op):
+def _symlink(kern, rootfd, op, links):
     """A link; one already there with the same target is kept, anything else
     of that name replaced.  (With an overlay the links already sit in its
     upper layer, but one whose directory the image leads into /tmp or /run
-    is under our fresh tmpfs by now: each is checked again.)"""
+    is under our fresh tmpfs by now: each is checked again.)
+
+    links: (key, fd) of the directory the symlink op just before resolved,
+    or None.  A run of links in one directory (a driver's sonames) uses
+    that held fd: no mount was made since it was resolved inside the root,
+    and a link only changes an entry of it.  Returns the (key, fd) now
+    held, which the caller closes."""
     parent, _, name = op.path.rpartition("/")
-    pfd = _target(kern, rootfd, op, parent or "/", "dir")
+    key = (parent or "/", op.create)
+    if links is not None and links[0] == key:
+        pfd = links[1]
+    else:
+        if links is not None:
+            kern.close(links[1])
+        pfd = _target(kern, rootfd, op, parent or "/", "dir")
     try:
         try:
             if kern.readlink(name, pfd) == op.target:
-                return
+                return key, pfd
             kern.unlink(name, pfd)
         except FileNotFoundError:
             pass
@@ -336,8 +354,10 @@ def _symlink(kern, rootfd, op):
             # A non-link of that name in the image: replace it.
             kern.unlink(name, pfd)
         kern.symlink(op.target, name, pfd)
-    finally:
+    except BaseException:
         kern.close(pfd)
+        raise
+    return key, pfd
 
 
 def _file(kern, rootfd, op, stage, name):
