@@ -37,7 +37,8 @@ def open_target(rootfd, path, kind="dir", create=True, strict=False):
     strict=True refuses symlinks on the way (used for the system mount
     points).  A missing target whose parent exists is created in that
     parent, held by descriptor (resolved like the target), with O_NOFOLLOW
-    or mkdirat, and reopened from it without following any symlink; other
+    or mkdirat: a file is held by the open that made it, a directory
+    reopened from the parent without following any symlink; other
     missing parts are created where the image's own symlinks lead (inside
     the root), one component at a time with O_NOFOLLOW, so a racing
     symlink swap can only make the call fail, never escape."""
@@ -84,24 +85,40 @@ def _refuse_not_dir(rootfd, rel, path, resolve):
 
 
 def _create_in_parent(rootfd, rel, path, kind, resolve, dflag):
-    """The missing target made in its existing parent: the parent opened as
-    the target would be (inside the root), the last name created there
-    without following a symlink and opened from it with no symlink
-    followed.  None where this does not apply (parent missing, the name a
-    link of the image, a race): the walk below decides then."""
-    parent, _, name = rel.rpartition("/")
-    if name in ("", ".", "..") or "\0" in name:
-        return None
-    if parent:
-        try:
-            pfd = _open(rootfd, parent, os.O_DIRECTORY, resolve)
-        except OSError:
+    """The missing target made under its deepest existing ancestor: that
+    ancestor opened as the target would be (inside the root), each missing
+    directory below it made with mkdirat and opened from the one before
+    without following any symlink (RESOLVE_BENEATH|NO_SYMLINKS, one plain
+    name), the last name created there with O_CREAT|O_EXCL|O_NOFOLLOW (a
+    file, held by that open) or mkdirat.  None where this does not apply
+    (a `.` or `..` in the path, a link of the image where a name is
+    missing, a race, an error): the walk decides then, as before."""
+    comps = rel.split("/")
+    for comp in comps:
+        if comp in ("", ".", "..") or "\0" in comp:
             return None
-    else:
-        pfd = rootfd
+    i = len(comps) - 1
+    pfd = rootfd
+    while i > 0:
+        try:
+            pfd = _open(rootfd, "/".join(comps[:i]), os.O_DIRECTORY, resolve)
+            break
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                return None
+            i -= 1
     try:
-        _create(pfd, name, kind, path)
-        return _open(pfd, name, dflag, _RES_STRICT)
+        for comp in comps[i:-1]:
+            try:
+                os.mkdir(comp, 0o755, dir_fd=pfd)
+            except FileExistsError:
+                pass
+            nfd = _open(pfd, comp, os.O_DIRECTORY, _RES_STRICT)
+            if pfd != rootfd:
+                os.close(pfd)
+            pfd = nfd
+        fd = _create(pfd, comps[-1], kind, path, held=True)
+        return _open(pfd, comps[-1], dflag, _RES_STRICT) if fd is None else fd
     except OSError:
         return None
     finally:
@@ -137,19 +154,42 @@ def _check_name(name, path):
                          f"component {name!r} is not a plain name")
 
 
-def _create(dirfd, name, kind, path):
+def _create(dirfd, name, kind, path, held=False):
+    """A directory or an empty regular file made at name, never through a
+    symlink (mkdirat, and mknodat/O_CREAT|O_EXCL, fail on any existing
+    entry).  held=True: a file is made by an open that returns its fd
+    (O_RDONLY, of the regular file just created: no side effect), which
+    serves as the mount point; else None (also when name exists)."""
     _check_name(name, path)
     try:
         if kind == "dir":
             os.mkdir(name, 0o755, dir_fd=dirfd)
+        elif held:
+            return os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDONLY | os.O_NOFOLLOW
+                           | os.O_CLOEXEC, 0o644, dir_fd=dirfd)
         else:
-            os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o644, dir_fd=dirfd))
+            os.mknod(name, stat.S_IFREG | 0o644, dir_fd=dirfd)
     except FileExistsError:
         pass
     except OSError as e:
         raise MountError(e.errno, f"cannot create mount point {path} in the root: "
                          f"{os.strerror(e.errno)}") from None
+    return None
+
+
+def _close_all(fds):
+    """Close fds, each run of consecutive numbers in one close_range."""
+    fds = sorted(fds)
+    i = 0
+    while i < len(fds):
+        j = i
+        while j + 1 < len(fds) and fds[j + 1] == fds[j] + 1:
+            j += 1
+        if j > i:
+            os.closerange(fds[i], fds[j] + 1)
+        else:
+            os.close(fds[i])
+        i = j + 1
 
 
 def _walk_create(basefd, comps, modes_fd=None, cache=None, lstat=None):
@@ -450,5 +490,4 @@ def prepare_upper(lowerfd, upperfd, points, links, sealed=()):
                 os.unlink(name, dir_fd=fd)
                 os.symlink(target, name, dir_fd=fd)
     finally:
-        for fd in dirs.values():
-            os.close(fd)
+        _close_all(dirs.values())

@@ -186,7 +186,9 @@ def mask(rootfd, plan, kern=KERNEL):
         try:
             target = kern.open_target(rootfd, path, "dir" if path != "/proc/sysrq-trigger"
                                    else "file", create=False, strict=True)
-        except OSError:
+        except OSError as e:
+            if e.errno == 2:
+                continue        # missing as any kind
             try:
                 target = kern.open_target(rootfd, path, "file", create=False, strict=True)
             except OSError:

@@ -221,3 +221,31 @@ def test_mknod_replaces_what_is_there_and_sets_owner_and_mode(tmp_path):
     st = os.lstat(root / "dev" / "zz")
     assert (stat.S_ISCHR(st.st_mode), st.st_rdev, stat.S_IMODE(st.st_mode), st.st_uid,
             st.st_gid) == (True, os.makedev(1, 5), 0o640, 7, 8)
+
+
+def test_a_run_of_links_in_one_directory_resolves_it_once_a_mount_between_again(tmp_path):
+    """A driver's sonames are a run of links in one directory: it is
+    resolved in the root once for the run.  A mount made between two links
+    may cover that directory: the next link resolves it again, and lands on
+    what is mounted there."""
+    root = tmp_path / "root"
+    root.mkdir()
+    opened = []
+
+    class Counting(Kernel):
+        def open_target(self, rootfd, path, kind="dir", create=True, strict=False):
+            opened.append(path)
+            return super().open_target(rootfd, path, kind, create, strict)
+    kern = Counting(str(root))
+    ops = [edits.MountOp("symlink", f"/l/{n}", "file", target=n + ".1") for n in "abc"]
+    ops += [edits.MountOp("fs", "/m", "dir", fstype="tmpfs", data=()),
+            edits.MountOp("symlink", "/l/d", "file", target="d.1"),
+            edits.MountOp("symlink", "/k/e", "file", target="e.1")]
+    rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        mountexec.apply(ops, rootfd, mountexec.open_sources(ops, kern), kern=kern)
+    finally:
+        os.close(rootfd)
+    assert opened == ["/l", "/m", "/l", "/k"]
+    assert [os.readlink(root / "l" / n) for n in "abcd"] == ["a.1", "b.1", "c.1", "d.1"]
+    assert os.readlink(root / "k" / "e") == "e.1"

@@ -228,3 +228,142 @@ def test_checked_source_is_refused_once_replaced_or_a_link(tmp_path):
     with pytest.raises(m.MountError) as e:
         m.clone_source(str(d), (st.st_dev, st.st_ino))
     assert e.value.errno == errno.ELOOP
+
+
+# --- mount points made in the root: fewer calls, the same places ------------------
+
+def test_open_target_makes_a_missing_target_under_its_parents_without_walking(tree, monkeypatch):
+    """A missing target (and missing directories above it) is made under the
+    deepest directory that exists, reached as the target would be: the
+    image's own links are followed inside the root, nothing is lstat'ed
+    component by component; a file comes back held by the open that made it."""
+    os.makedirs(os.path.join(tree, "usr", "lib"))
+    os.symlink("usr/lib", os.path.join(tree, "lib"))
+    fd = os.open(tree, os.O_PATH | os.O_DIRECTORY)
+
+    def no_walk(*a, **kw):
+        raise AssertionError("walked the image component by component")
+    monkeypatch.setattr(m, "_canonical", no_walk)
+    try:
+        got = m.open_target(fd, "/lib/firmware/nvidia/gsp.bin", "file")
+        want = os.path.join(tree, "usr", "lib", "firmware", "nvidia", "gsp.bin")
+        assert os.path.samestat(os.fstat(got), os.stat(want))
+        os.close(got)
+        got = m.open_target(fd, "/dev/pts", "dir")
+        assert os.path.samestat(os.fstat(got), os.stat(os.path.join(tree, "dev", "pts")))
+        os.close(got)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_open_target_a_dangling_image_link_at_the_name(tree, strict):
+    """A link of the image where the target is missing: the target is made
+    where it leads, inside the root (the walk), or refused for a system
+    mount point (strict); never a file made beside or outside."""
+    os.makedirs(os.path.join(tree, "root", "etc"))
+    os.makedirs(os.path.join(tree, "root", "run"))
+    os.symlink("/run/r/resolv.conf", os.path.join(tree, "root", "etc", "resolv.conf"))
+    os.makedirs(os.path.join(tree, "run", "r"))   # what the link names on the host
+    fd = os.open(os.path.join(tree, "root"), os.O_PATH | os.O_DIRECTORY)
+    try:
+        if strict:
+            with pytest.raises(m.MountError) as e:
+                m.open_target(fd, "/etc/resolv.conf", "file", strict=True)
+            assert "symlink" in str(e.value)
+        else:
+            got = m.open_target(fd, "/etc/resolv.conf", "file")
+            want = os.path.join(tree, "root", "run", "r", "resolv.conf")
+            assert os.path.samestat(os.fstat(got), os.stat(want))
+            os.close(got)
+    finally:
+        os.close(fd)
+    assert not os.path.exists(os.path.join(tree, "run", "r", "resolv.conf"))
+    assert os.path.islink(os.path.join(tree, "root", "etc", "resolv.conf"))
+
+
+def test_open_target_names_a_directory_where_a_directory_is_not(tree):
+    os.makedirs(os.path.join(tree, "a"))
+    open(os.path.join(tree, "a", "f"), "w").close()
+    fd = os.open(tree, os.O_PATH | os.O_DIRECTORY)
+    try:
+        with pytest.raises(m.MountError) as e:
+            m.open_target(fd, "/a/f", "dir")
+        assert "mount point /a/f in the image is not a directory" in str(e.value)
+        with pytest.raises(m.MountError) as e:
+            m.open_target(fd, "/a/f/x", "dir")
+        assert "cannot resolve /a/f/x" in str(e.value)
+    finally:
+        os.close(fd)
+
+
+def test_prepare_upper_reads_each_image_entry_once_and_never_unlinks(tree, monkeypatch):
+    """GPU injection puts dozens of files and links in a few directories:
+    each entry of the image is lstat'ed once, the upper layer (ours, fresh)
+    gets its links without an unlink first, and everything lands where the
+    image's links lead."""
+    lower, upper = os.path.join(tree, "lower"), os.path.join(tree, "upper")
+    os.makedirs(os.path.join(lower, "usr", "lib", "x"))
+    os.makedirs(os.path.join(lower, "usr", "bin"))
+    os.symlink("usr/lib", os.path.join(lower, "lib"))
+    os.makedirs(upper)
+    seen, unlinked = [], []
+    real_lstat, real_unlink = os.lstat, os.unlink
+
+    def lstat(p, *, dir_fd=None):
+        seen.append(p)
+        return real_lstat(p, dir_fd=dir_fd)
+
+    def unlink(p, *, dir_fd=None):
+        unlinked.append(p)
+        return real_unlink(p, dir_fd=dir_fd)
+    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(os, "unlink", unlink)
+    points = [(f"/usr/lib/x/lib{i}.so.1", "file") for i in range(5)] + \
+        [("/usr/bin/smi", "file"), ("/lib/firmware/n/gsp.bin", "file"), ("/usr/lib/x/d", "dir")]
+    links = [(f"/usr/lib/x/lib{i}.so", f"lib{i}.so.1") for i in range(5)]
+    lfd = os.open(lower, os.O_PATH | os.O_DIRECTORY)
+    ufd = os.open(upper, os.O_PATH | os.O_DIRECTORY)
+    try:
+        m.prepare_upper(lfd, ufd, points, links)
+    finally:
+        os.close(lfd)
+        os.close(ufd)
+    assert len(seen) == len(set(seen)), sorted(seen)
+    assert unlinked == []
+    for i in range(5):
+        assert os.path.isfile(os.path.join(upper, f"usr/lib/x/lib{i}.so.1"))
+        assert os.readlink(os.path.join(upper, f"usr/lib/x/lib{i}.so")) == f"lib{i}.so.1"
+    assert os.path.isfile(os.path.join(upper, "usr/bin/smi"))
+    assert os.path.isfile(os.path.join(upper, "usr/lib/firmware/n/gsp.bin"))
+    assert os.path.isdir(os.path.join(upper, "usr/lib/x/d"))
+    assert not os.path.exists(os.path.join(upper, "lib"))
+
+
+_ATTACH = r"""
+import os, sys
+from gpusandbox.linux import mounts as m
+d = sys.argv[1]
+src = m.clone_tree(os.path.join(d, "f"), recursive=False)
+try:
+    m.attach(src, os.open(os.path.join(d, "dir"), os.O_PATH | os.O_CLOEXEC), "binding f at /dir")
+except m.MountError as e:
+    print(e.strerror)
+"""
+
+
+def test_attach_names_a_file_mount_refused_on_a_directory(tree):
+    """A file's mount point is not fstat'ed (open_target with create): the
+    kernel refuses a file on a directory, and attach says which is which."""
+    import subprocess
+    import sys
+    open(os.path.join(tree, "f"), "w").close()
+    os.makedirs(os.path.join(tree, "dir"))
+    r = subprocess.run(["unshare", "-rm", sys.executable, "-c", _ATTACH, tree],
+                       capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
+                           os.path.dirname(os.path.abspath(__file__))))})
+    if r.returncode != 0 and "unshare" in r.stderr:
+        pytest.skip(f"no user namespace here: {r.stderr.strip()}")
+    assert r.stdout.strip() == ("binding f at /dir: the mount point in the image is a "
+                                "directory, the source is not"), r.stderr
