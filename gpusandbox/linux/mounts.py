@@ -444,7 +444,10 @@ def prepare_upper(lowerfd, upperfd, points, links, sealed=()):
         return parents[parent]
 
     def upper_dir(comps):
-        return _walk_create(upperfd, comps, lowerfd, dirs, lstat)
+        if not comps:
+            return upperfd
+        fd = dirs.get(tuple(comps))
+        return fd if fd is not None else _walk_create(upperfd, comps, lowerfd, dirs, lstat)
 
     def resolve(path):
         have, missing = parent_of(path)

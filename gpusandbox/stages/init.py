@@ -60,11 +60,20 @@ def _rootfs(plan, kern=KERNEL):
     """The image's tree attached over its own directory in this private mount
     namespace: an overlay on a fresh tmpfs (default, --writable-tmpfs) or the
     directory itself (--rw).  IMAGE_DIR on disk is only ever a lower layer.
-    The image is reached through its held fd only (see _image_fd); the
-    returned fd is the attached mount's own root."""
+    The image is reached through its held fd only (see _image_fd).  Returns
+    (the attached mount's own root, the staging tmpfs of the plan's
+    generated files or None).
+
+    The overlay's scratch tmpfs and the staging tmpfs are attached over the
+    image's directory beneath the root, in this namespace's copy of the
+    host's tree: a detached mount's last close unmounts it and waits for an
+    RCU grace period (from 60 us to milliseconds on a busy host) on the
+    launch's path; attached there, they go with the host's tree, which the
+    pivot detaches in one unmount anyway.  Nothing in the sandbox sees them."""
     attrs = k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
     image = _image_fd(plan, kern)
     lower = image
+    stage = None
     if plan.idmap and plan.idmap[0] == "full":
         # Once the image is held (its path walked with the caller's ids,
         # which may be the only ones allowed through a 0700 bundle), and
@@ -104,20 +113,32 @@ def _rootfs(plan, kern=KERNEL):
                 # trusted.* xattrs cannot be set in a user namespace (overlayfs docs).
                 opts.append("userxattr")
             try:
+                # The layers are looked up here, before anything is
+                # attached over the image's directory.
                 mnt = kern.new_fs("overlay", opts, attrs)
-            finally:
+            except BaseException:
                 kern.close(scratch)
+                raise
+            kern.attach(scratch, kern.dup(image), "attaching the overlay's scratch tmpfs")
+        if mountexec.needs_stage(plan.mounts):
+            fs = kern.new_fs(*mountexec.STAGE_FS)
+            stage = kern.dup(fs)
+            kern.attach(fs, kern.dup(image), "attaching the staging tmpfs")
         # After move_mount the detached mount's fd is the attached root.
         # The image's fd is the target, closed by attach.
         root = kern.dup(mnt)
         target, image = image, None
         kern.attach(mnt, target, f"attaching the root filesystem over {plan.rootfs}")
+    except BaseException:
+        if stage is not None:
+            kern.close(stage)
+        raise
     finally:
         if image is not None:
             kern.close(image)
         if plan.squash:
             kern.close(plan.rootfd)
-    return root
+    return root, stage
 
 
 def root_steps(plan, src, fds, life, err_w, go_r, out, kern=KERNEL):
@@ -127,13 +148,16 @@ def root_steps(plan, src, fds, life, err_w, go_r, out, kern=KERNEL):
     in it (out["wdfd"], entered by the command stage), the root made
     read-only, loopback, the pivot, the root's propagation."""
     yield "building the root filesystem"
+    stage = None
     if plan.host_root:
         kern.close(plan.rootfd)     # the launcher's handle; this namespace's / is cloned
         from . import hostroot      # only for IMAGE `/`: off a plain launch's path
         rootfd = hostroot.root()
     else:
-        rootfd = _rootfs(plan, kern)
-    yield from tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern)
+        rootfd, stage = _rootfs(plan, kern)
+    yield from tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern, stage)
+    if stage is not None:
+        kern.close(stage)
     # Opened (and made, if missing) before the root turns read-only.
     yield f"opening the working directory {plan.workdir}"
     out["wdfd"] = kern.open_target(rootfd, plan.workdir, "dir", create=True)
@@ -152,13 +176,13 @@ def root_steps(plan, src, fds, life, err_w, go_r, out, kern=KERNEL):
         ocisetup.root_propagation(plan, kern)
 
 
-def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL):
+def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL, stage=None):
     """The sandbox's tree over the attached root, in order, each step named
     (for the error line) before it runs: the system mounts, the host's homes
     and sockets covered (IMAGE `/`), the plan's mount ops (/sys where they
     place it), the container's kernel settings, the hooks point and the
     createContainer hooks, the masks.  The kernel is `kern`
-    (mountexec.Kernel)."""
+    (mountexec.Kernel); stage: the staging tmpfs _rootfs attached, if any."""
     yield "mounting /proc, /sys, /dev, /tmp, /run"
     sysmounts.system_mounts(plan, rootfd, src, kern)
     if plan.host_root:
@@ -168,7 +192,7 @@ def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL):
     pause_point(plan, "init-mounts")
     yield "mounting the GPU edits, -v/--mount and the config's mounts"
     mountexec.apply(plan.mounts, rootfd, fds,
-                    lambda: sysmounts.sysfs(plan, rootfd, src, True, kern), kern)
+                    lambda: sysmounts.sysfs(plan, rootfd, src, True, kern), kern, stage)
     if plan.container_settings():
         from . import ocisetup      # only for a plan with something for it
         yield "setting the container's kernel settings"

@@ -234,6 +234,16 @@ def held_fds(ops):
     return {op.fd for op in ops if op.op == "premade"}
 
 
+# The staging tmpfs of generated files (the "file" ops): each is written
+# there and bound read-only from it.
+STAGE_FS = ("tmpfs", ("mode=0755", "size=16m"),
+            k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV | k.MOUNT_ATTR_NOEXEC)
+
+
+def needs_stage(ops):
+    return any(op.op == "file" for op in ops)
+
+
 def _attrs(op):
     return ((k.MOUNT_ATTR_RDONLY if op.ro else 0) | (k.MOUNT_ATTR_NOSUID if op.nosuid else 0)
             | (k.MOUNT_ATTR_NODEV if op.nodev else 0) | (k.MOUNT_ATTR_NOEXEC if op.noexec else 0))
@@ -243,10 +253,12 @@ def _target(kern, rootfd, op, path=None, kind=None):
     return kern.open_target(rootfd, path or op.path, kind or op.kind, create=op.create)
 
 
-def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL):
+def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL, stage=None):
     """Every op in order.  fds: open_sources(ops); sysfs: what the "sysfs" op
-    does (the init's /sys, mounted where an OCI config lists it)."""
-    stage = None
+    does (the init's /sys, mounted where an OCI config lists it); stage: the
+    caller's staging tmpfs (STAGE_FS, kept open), else one is made when a
+    "file" op needs it and closed here."""
+    own_stage = stage is None
     links = None    # (key, fd): the directory of the symlink ops just before
     try:
         for i, (op, fd) in enumerate(zip(ops, fds)):
@@ -272,9 +284,7 @@ def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL):
                 links = _symlink(kern, rootfd, op, links)
             elif kind == "file":
                 if stage is None:
-                    stage = kern.new_fs("tmpfs", ("mode=0755", "size=16m"),
-                                        k.MOUNT_ATTR_NOSUID | k.MOUNT_ATTR_NODEV
-                                        | k.MOUNT_ATTR_NOEXEC)
+                    stage = kern.new_fs(*STAGE_FS)
                 _file(kern, rootfd, op, stage, f"f{i}")
             elif kind == "seal":
                 target = _target(kern, rootfd, op)
@@ -291,7 +301,7 @@ def apply(ops, rootfd, fds, sysfs=None, kern=KERNEL):
     finally:
         if links is not None:
             kern.close(links[1])
-        if stage is not None:
+        if own_stage and stage is not None:
             kern.close(stage)
 
 
