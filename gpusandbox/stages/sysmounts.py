@@ -3,6 +3,8 @@ is mounted on it covered), /dev, /dev/pts, /dev/shm, /tmp, /run, its own
 cgroup at /sys/fs/cgroup, and the /proc and /sys paths runc masks or freezes.
 Run by init (stages/init.py) in the sandbox's mount namespace, before the
 pivot."""
+import os
+
 from ..linux import sys as k
 from ..plan import STD_DEVICES
 from .mountexec import KERNEL
@@ -25,9 +27,14 @@ def sysfs_alone(kern=KERNEL):
     except OSError as e:
         if e.errno != 22:
             raise
-    with open("/proc/self/mountinfo", "rb") as f:
-        points = sorted({_unescape(line.split()[4]) for line in f
-                         if line.split()[4].startswith(b"/sys/")})
+    # Raw reads (k.read_fd): no io layers (fstat, TCGETS, lseek) for one file.
+    fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = k.read_fd(fd)
+    finally:
+        os.close(fd)
+    points = sorted({_unescape(f) for f in (line.split()[4] for line in data.splitlines())
+                     if f.startswith(b"/sys/")})
     top = [p for p in points if not any(p.startswith(q + "/") for q in points)]
     return kern.clone_tree("/sys", recursive=True), top
 
