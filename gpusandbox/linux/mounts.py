@@ -485,8 +485,9 @@ def prepare_upper(lowerfd, upperfd, points, links, sealed=()):
             have, missing = parent_of(path)
             fd = upper_dir(have + missing)
             name = path.rstrip("/").rpartition("/")[2]
-            # The upper layer is ours and fresh: a name is there only when
-            # this function put it there (a mount point, a link listed twice).
+            # Made first, replaced only when the name exists: the upper layer
+            # is ours and fresh, so a name is there only when this function
+            # put it there (--rw writes through: the same replacement as before).
             try:
                 os.symlink(target, name, dir_fd=fd)
             except FileExistsError:
