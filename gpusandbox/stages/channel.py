@@ -20,8 +20,28 @@ PLAIN = []
 AFTER_START = []
 
 
+# A record is at most RECORD_MAX bytes: written in one piece that never
+# waits, even when nobody reads the channel until init has exited (the
+# launcher without a terminal reads it then: stages/parent._supervise).  Two
+# records (init's and the command's) fit in a pipe of a single page, the
+# least a pipe holds (pipe(7): a user past pipe-user-pages-soft gets that).
+RECORD_MAX = 2048
+
+
+def record(code, what, why, hint=None):
+    """The record's bytes; a what, why or hint that would not fit (an
+    argv[0] of 100 KB in "command not found") is cut short with "..."."""
+    def clip(s):
+        return "" if s is None else s if len(s) <= 400 else s[:400] + "..."
+    data = f"{code}{SEP}{what}{SEP}{why or ''}{SEP}{hint or ''}".encode("utf-8", "replace")
+    if len(data) >= RECORD_MAX:
+        data = f"{code}{SEP}{clip(what)}{SEP}{clip(why)}{SEP}{clip(hint)}" \
+            .encode("utf-8", "replace")[:RECORD_MAX - 1]
+    return data + b"\n"
+
+
 def fail(err_w, code, what, why, hint=None):
-    rec = f"{code}{SEP}{what}{SEP}{why or ''}{SEP}{hint or ''}\n"
+    rec = record(code, what, why, hint)
     if AFTER_START and code == 125:
         from ..errors import SandboxError, printable
         try:
@@ -31,9 +51,9 @@ def fail(err_w, code, what, why, hint=None):
             pass
     if PLAIN:
         from ..errors import SandboxError, message
-        rec = message(SandboxError(what, why, hint))
+        rec = message(SandboxError(what, why, hint)).encode("utf-8", "replace")
     try:
-        os.write(err_w, rec.encode("utf-8", "replace"))
+        os.write(err_w, rec)
     except OSError:
         pass
     os._exit(code)

@@ -184,6 +184,17 @@ def test_exit_codes(runner, rootfs, script, code):
     assert sh(runner, rootfs, script).returncode == code
 
 
+def test_a_100kb_command_name_fails_in_one_line_without_hanging(runner, rootfs):
+    """The error record of the command stage is read by the launcher once init
+    has exited: one that filled the pipe would block its writer for ever.
+    The name is cut short in the message; the status is the usual 127."""
+    name = "x" * 100_000
+    r = runner.run([str(rootfs), name], timeout=60)
+    assert r.returncode == 127, r.stderr[:300]
+    assert r.stderr.startswith("gpusandbox: error: command not found in the image: xxx")
+    assert len(r.stderr) < 4096 and r.stderr.count("\n") <= 3, r.stderr[:300]
+
+
 def test_not_found_and_not_executable(runner, rootfs):
     r = runner.run([str(rootfs), "no-such-command"])
     assert r.returncode == 127

@@ -145,3 +145,17 @@ def test_clone_refused_names_the_userns_fix():
     assert "clone3" in err.what
     assert "kernel.unprivileged_userns_clone" in err.hint
     assert "apparmor_restrict_unprivileged_userns" in err.hint
+
+
+def test_a_channel_record_fits_the_smallest_pipe_with_room_for_two():
+    # A launcher without a terminal reads the channel only once init has
+    # exited: a record that could fill the pipe would leave its writer (and
+    # the launch) waiting for ever.  An argv[0] of 100 KB is cut short.
+    huge = "x" * 100_000
+    rec = channel.record(127, f"command not found in the image: {huge}", None, "check PATH")
+    assert len(rec) <= channel.RECORD_MAX and 2 * channel.RECORD_MAX <= 4096
+    code, what, why, hint = channel.parse(rec)
+    assert (code, why, hint) == (127, None, "check PATH")
+    assert what.startswith("command not found in the image: xxx") and what.endswith("...")
+    small = channel.record(125, "mounting /proc", "Permission denied", "try --net host")
+    assert channel.parse(small) == (125, "mounting /proc", "Permission denied", "try --net host")
