@@ -158,7 +158,6 @@ def _open_target(rec):
 def run(rec, plan, tty=False):
     """Start `plan`'s process in the sandbox of record `rec` and return its
     status (128+N for signal N)."""
-    import _signal
     pidfd, nsfds, target = _open_target(rec)
     init_pid = rec["init"][0]
     try:
@@ -169,7 +168,7 @@ def run(rec, plan, tty=False):
             plan.clear_groups = False
             plan.groups = None
         k.prctl(36, 1)     # PR_SET_CHILD_SUBREAPER: the grandchild is ours to wait for
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
+        parent.hold_signals()
         sock = None
         if tty:
             import socket

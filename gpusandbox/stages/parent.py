@@ -58,7 +58,6 @@ def _write_maps(plan, pid):
 
 
 def launch(spec):
-    import _signal
     plan = planmod.build(spec)
     # After the plan: a selection that fails says the same in its hint.
     for note in spec.notes:
@@ -81,7 +80,7 @@ def launch(spec):
     # instead of killing the launcher half-way.  init inherits the mask and
     # collects those signals with sigwaitinfo(); the launcher unblocks them
     # once its own handlers are in place, and forwards them.
-    _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
+    hold_signals()
     if plan.spec.net == "none":
         from ..linux import net  # noqa: F401 - init brings loopback up: loaded before the clone
     cg = _cgroup(plan, spec)
@@ -148,6 +147,17 @@ def launch(spec):
                 _say(note)
     _exit_hooks(plan, status)
     return status
+
+
+def hold_signals():
+    """Block the signals the supervision takes (FORWARDED, SIGCHLD) before
+    anything is cloned, and give SIGCHLD its default action: a caller that
+    ignores SIGCHLD (SIG_IGN survives execve) would otherwise have init
+    reaped by the kernel with no signal sent, and the launcher, or init
+    waiting for its command, would wait for ever (wait(2), NOTES)."""
+    import _signal
+    _signal.signal(_SIGCHLD, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, set(FORWARDED) | {_SIGCHLD})
 
 
 def _exit_hooks(plan, status):

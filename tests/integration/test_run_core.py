@@ -195,6 +195,18 @@ def test_a_100kb_command_name_fails_in_one_line_without_hanging(runner, rootfs):
     assert len(r.stderr) < 4096 and r.stderr.count("\n") <= 3, r.stderr[:300]
 
 
+def test_a_caller_that_ignores_sigchld_still_gets_the_status(runner, rootfs):
+    """SIGCHLD ignored by the caller (SIG_IGN survives execve) makes the
+    kernel reap children without a signal: the launcher and init must give
+    it back its default action, or they wait for ever."""
+    argv = runner.argv([str(rootfs), "/bin/sh", "-c", "echo hi; exit 3"])
+    at = argv.index(runner.cli)
+    argv[at:at] = ["bash", "-c", 'trap "" CHLD; exec "$@"', "bash"]   # dash resets it
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=runner.env(),
+                       cwd="/")
+    assert (r.returncode, r.stdout) == (3, "hi\n"), r.stderr
+
+
 def test_not_found_and_not_executable(runner, rootfs):
     r = runner.run([str(rootfs), "no-such-command"])
     assert r.returncode == 127

@@ -212,7 +212,6 @@ def _wait_ready(err_r, record=READY):
 
 def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=None,
            config_path=None):
-    import _signal
     d = state.make_container_dir(root, cid)
     fifo = os.path.join(d, "exec.fifo")
     ok = False
@@ -248,7 +247,7 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
                 raise SandboxError("setting the hostname in the joined uts namespace",
                                    e.strerror) from None
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if spec.tty else None
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, set(parent.FORWARDED) | {17})
+        parent.hold_signals()
         limits = None if x.limits.empty() else x.limits
         try:
             cg = cgroup.prepare(limits=limits, device_rules=plan.device_rules,
