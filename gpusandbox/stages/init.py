@@ -298,6 +298,15 @@ def run(plan, go_r, err_w, tty_sock, wait):
         if plan.container_settings():
             from . import ocisetup as cs       # else it has nothing to do
         k.mount(None, "/", None, k.MS_REC | (cs.start_propagation(plan) if cs else k.MS_SLAVE))
+        if wait:
+            # The launcher's work first (a full id map, a v1 cgroup join).
+            # Host sources only after a full map: podman --uidmap chowns its
+            # bind sources (hosts, resolv.conf, the userdata directory) to
+            # ids of that map, which this namespace's capabilities reach only
+            # once they are mapped here (capabilities(7), the inode's owner
+            # must be mapped); before, their walk is refused (EACCES).
+            if os.read(go_r, 1) != b"G":
+                os._exit(125)
         step = "opening host sources"
         src = _open_sources(plan)
         fds = mountexec.open_sources(plan.mounts)
@@ -306,10 +315,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
         life = cs.open_sources(plan) if cs else {"fifo": -1, "pid": 0}
         created = plan.oci is not None
         # Files created from here on need the caller's id mapped.
-        if wait:
-            if os.read(go_r, 1) != b"G":
-                os._exit(125)
-        elif plan.idmap:
+        if not wait and plan.idmap:
             # A one-id map of its own euid is one a process may write for
             # itself (user_namespaces(7)): no round trip with the launcher.
             step = "writing the user namespace's id maps"
