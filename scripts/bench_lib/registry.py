@@ -119,11 +119,22 @@ class Layout:
             {"schemaVersion": 2, "manifests": self.refs}))
 
 
+def spawn(argv, log, die_with_parent=True):
+    """Start a registry command (argv) in its own session, its output to
+    `log`.  It dies with the thread that started it (setpriv --pdeathsig:
+    PR_SET_PDEATHSIG, kept across the execs), so a test run or benchmark
+    killed before its teardown (a timeout's SIGTERM) leaves no registry
+    behind; scripts/demo's `serve` outlives its own command on purpose."""
+    lead = ["setpriv", "--pdeathsig", "TERM", "--"] if die_with_parent else []
+    return subprocess.Popen(lead + list(argv), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
 class Registry:
     """docker-registry serving `top`/data on 127.0.0.1:<free port>; its
     access log is `top`/registry.log."""
 
-    def __init__(self, top, htpasswd=None, token=None):
+    def __init__(self, top, htpasswd=None, token=None, die_with_parent=True):
         top = Path(top)
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
@@ -147,9 +158,8 @@ class Registry:
                     f"    rootcertbundle: {token.cert}"]
         (top / "config.yml").write_text("\n".join(cfg) + "\n")
         self.log = open(top / "registry.log", "wb")
-        self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(top / "config.yml")],
-                                     stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = spawn([REGISTRY_BIN, "serve", str(top / "config.yml")], self.log,
+                          die_with_parent)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 30
         while True:
@@ -229,7 +239,7 @@ def _cli(argv):
     if len(argv) >= 2 and argv[0] == "serve":
         top = Path(argv[1])
         top.mkdir(parents=True, exist_ok=True)
-        reg = Registry(top)
+        reg = Registry(top, die_with_parent=False)
         (top / "registry.pid").write_text(f"{reg.pid}\n")
         print(reg.port, reg.pid)
         return 0

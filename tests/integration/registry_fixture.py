@@ -25,7 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 # The registry process and the layout writer: one implementation with the
 # benchmark and scripts/demo.
-from bench_lib.registry import REGISTRY_BIN, Layout, Registry  # noqa: E402,F401
+from bench_lib.registry import REGISTRY_BIN, Layout, Registry, spawn  # noqa: E402,F401
 USER, PASSWORD = "gsbxuser", "s3cret-pw"
 
 

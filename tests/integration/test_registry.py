@@ -351,3 +351,39 @@ def test_loopback_never_through_a_proxy(hostile, monkeypatch):
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
     assert _hsrc(hostile, "good").manifest()[0] == hostile.image.digest
+
+
+def test_a_registry_dies_with_the_run_that_started_it(tmp_path):
+    """A test run (or benchmark) killed before its teardown, as a timeout's
+    SIGTERM does, leaves no docker-registry running: it dies with its
+    starter (bench_lib.registry.spawn)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from .conftest import wait_for
+    from .registry_fixture import REGISTRY_BIN
+    if not os.path.exists(REGISTRY_BIN):
+        pytest.skip("docker-registry is not installed (scripts/test installs it)")
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    code = (f"import sys, time; sys.path.insert(0, {str(scripts)!r})\n"
+            "from bench_lib.registry import Registry\n"
+            f"r = Registry({str(tmp_path)!r}); print(r.pid, flush=True); time.sleep(600)\n")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(starter.stdout.readline())
+        with open(f"/proc/{pid}/comm") as f:
+            assert f.read().strip() == "docker-registry"
+    finally:
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+
+    def gone():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ")[1][0] == "Z"    # exited, not yet reaped
+        except FileNotFoundError:
+            return True
+    assert wait_for(gone, 10), f"docker-registry {pid} outlived the process that started it"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration import slurm_fixture as sf
-from tests.integration.registry_fixture import REGISTRY_BIN, Registry, build_images
+from tests.integration.registry_fixture import REGISTRY_BIN, Registry, build_images, spawn
 from tests.integration.conftest import BASE
 from tests.integration.test_mpi import LIBPMIX, MPICC, PKGS, build_image
 from tests.integration.test_slurm import listed_uuids, sim_uuids
@@ -444,10 +444,9 @@ class FabricRegistry(Registry):
             f"    rootdirectory: {self.top / 'data'}\nhttp:\n  addr: {self.host}\n"
             f"  secret: {os.urandom(8).hex()}\n")
         self.log = open(self.top / "registry.log", "wb")
-        # nsenter execs the registry: the pid is the registry's.
-        self.proc = subprocess.Popen(prefix + [REGISTRY_BIN, "serve", str(self.top / "config.yml")],
-                                     stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        # setpriv and nsenter exec the registry: the pid is the registry's.
+        self.proc = spawn(prefix + [REGISTRY_BIN, "serve", str(self.top / "config.yml")],
+                          self.log)
         probe = prefix + [sys.executable, "-c", "import urllib.request as u; "
                           f"u.urlopen('http://{self.host}/v2/', timeout=2).close()"]
         try:
