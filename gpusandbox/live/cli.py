@@ -80,16 +80,7 @@ def main_ps(argv):
         finally:
             os.close(pfd)
     if os.geteuid() == 0:
-        from .. import rundir
-        for uid, path in record.other_users():
-            try:
-                fd = rundir.trusted_dir(path, uid=uid)
-            except (rundir.Taken, OSError):
-                continue
-            try:
-                rows += [_row(rec, uid) for _, rec in record.entries(fd, path, uid, clean=False)]
-            finally:
-                os.close(fd)
+        rows += [_row(rec, uid) for uid, rec in record.others()]
     if not a.all:
         rows = [r for r in rows if r["state"] in ("running", "starting")]
     if a.json:

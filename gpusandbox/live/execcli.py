@@ -92,12 +92,8 @@ def _exec_args(argv):
                     return None
                 setattr(a, dest, True)
             else:
-                if not eq:
-                    i += 1
-                    if i == len(argv):
-                        return None
-                    val = argv[i]
-                if not put(dest, val):
+                val, i = _value(argv, i, val if eq else None)
+                if val is None or not put(dest, val):
                     return None
         else:
             for j in range(1, len(word)):
@@ -107,18 +103,23 @@ def _exec_args(argv):
                 if metavar is None:
                     setattr(a, dest, True)
                     continue
-                val = word[j + 1:]
-                if not val:
-                    i += 1
-                    if i == len(argv):
-                        return None
-                    val = argv[i]
-                if not put(dest, val):
+                val, i = _value(argv, i, word[j + 1:] or None)
+                if val is None or not put(dest, val):
                     return None
                 break
         i += 1
     a.command = argv[i:]
     return a
+
+
+def _value(argv, i, inline):
+    """(an option's value, the index of the last word it used): `inline`
+    when the word itself held it (--opt=V, -oV), else the next word; None
+    when there is none."""
+    if inline is not None:
+        return inline, i
+    i += 1
+    return (argv[i], i) if i < len(argv) else (None, i)
 
 
 def _slurm_target(job, step, rank, lowest=False):
@@ -169,22 +170,12 @@ def _owner_of_job(job, step, rank):
     this Slurm task on the node, or None.  Their records are read only to
     pick whose they are: exec then runs as that user (_become), who reads
     them again as any of their own."""
-    from .. import rundir
     found = set()
-    for uid, path in record.other_users():
-        try:
-            fd = rundir.trusted_dir(path, uid=uid)
-        except (rundir.Taken, OSError):
-            continue
-        try:
-            for _, rec in record.entries(fd, path, uid, clean=False):
-                t = rec.get("slurm")
-                if isinstance(t, dict) and t.get("job") == job and record.state(rec) == \
-                        "running" and step in (None, t.get("step")) and \
-                        rank in (None, t.get("rank")):
-                    found.add(uid)
-        finally:
-            os.close(fd)
+    for uid, rec in record.others():
+        t = rec.get("slurm")
+        if isinstance(t, dict) and t.get("job") == job and record.state(rec) == "running" \
+                and step in (None, t.get("step")) and rank in (None, t.get("rank")):
+            found.add(uid)
     return found.pop() if len(found) == 1 else None
 
 

@@ -318,3 +318,19 @@ def other_users():
         if stat.S_ISDIR(st.st_mode) and st.st_uid != os.geteuid():
             out.append((st.st_uid, path))
     return out
+
+
+def others():
+    """(uid, record) of every other user's sandbox root can see (other_users),
+    each directory held as that user's own (rundir.trusted_dir) and read
+    without cleaning it up: it is theirs."""
+    for uid, path in other_users():
+        try:
+            fd = rundir.trusted_dir(path, uid=uid)
+        except (rundir.Taken, OSError):
+            continue
+        try:
+            for _, rec in entries(fd, path, uid, clean=False):
+                yield uid, rec
+        finally:
+            os.close(fd)

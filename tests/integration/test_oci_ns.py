@@ -146,12 +146,20 @@ def podman(request, cli, rootfs, test_user):
     tar = home / "rootfs.tar"
     subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
     pm = Podman(request.param, test_user, home, f"localhost/gsbx-ocins-{os.getpid()}:1")
+    yield from with_image(pm, tar, home)
+
+
+def with_image(pm, tar, home):
+    """A podman fixture's body: the rootfs tar imported as pm.image; its store
+    reset and `home` removed afterwards."""
     r = pm("import", str(tar), pm.image, timeout=120)
     assert r.returncode == 0, r.stderr
-    yield pm
-    pm("rmi", "-f", pm.image)
-    pm("system", "reset", "--force", timeout=120)
-    shutil.rmtree(home, ignore_errors=True)
+    try:
+        yield pm
+    finally:
+        pm("rmi", "-f", pm.image)
+        pm("system", "reset", "--force", timeout=120)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_podman_uidmap(podman):

@@ -222,7 +222,7 @@ def test_exec_joins_a_host_namespace_of_a_userns_container(work, rootfs):
 @pytest.fixture
 def root_podman(cli, rootfs, test_user):
     """Root podman with a store of its own (test_oci_ns.Podman)."""
-    from .test_oci_ns import Podman
+    from .test_oci_ns import Podman, with_image
     if not shutil.which("podman") or not shutil.which("conmon"):
         pytest.skip("podman and conmon are not installed")
     home = Path(tempfile.mkdtemp(prefix="gsbx-test-podman-userns-", dir="/tmp"))
@@ -233,12 +233,7 @@ def root_podman(cli, rootfs, test_user):
     subprocess.run(["tar", "-C", str(rootfs), "--exclude", "./tmp", "-cf", str(tar), "."],
                    check=True)
     pm = Podman("root", test_user, home, f"localhost/gsbx-userns-{os.getpid()}:1")
-    r = pm("import", str(tar), pm.image, timeout=120)
-    assert r.returncode == 0, r.stderr
-    yield pm
-    pm("rmi", "-f", pm.image)
-    pm("system", "reset", "--force", timeout=120)
-    shutil.rmtree(home, ignore_errors=True)
+    yield from with_image(pm, tar, home)
 
 
 @pytest.mark.parametrize("readonly", [False, True])

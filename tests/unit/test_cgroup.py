@@ -439,13 +439,19 @@ def test_root_in_a_user_namespace_is_rootless(fake):
     h.teardown()
 
 
-def test_no_cgroup2_root_falls_back_to_v1_devices(fake):
+def only_v1_devices(fake):
+    """A host without cgroup2 whose v1 devices hierarchy root may use."""
     fake.mounts = []
     devs = fake.v1 / "devices"
     devs.mkdir(parents=True)
     for f in ("cgroup.procs", "devices.deny", "devices.allow"):
         (devs / f).write_text("")
     fake.set_proc(caps=FULL_CAPS, v1=("devices",))
+    return devs
+
+
+def test_no_cgroup2_root_falls_back_to_v1_devices(fake):
+    devs = only_v1_devices(fake)
     h = prepare(fake, device_rules=[("c", 195, 0, "rw"), ("c", 508, None, "rw")])
     assert h.filter == "v1" and h.dirfd == -1 and os.path.dirname(h.path) == str(devs)
     writes = [(os.path.basename(p), t) for p, t in fake.writes if p.startswith(h.path)]

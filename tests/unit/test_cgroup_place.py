@@ -14,7 +14,7 @@ import pytest
 from gpusandbox.errors import CgroupError, UsageError
 from gpusandbox.linux import cgplace, cgroup
 
-from .test_cgroup import FULL_CAPS, Fake
+from .test_cgroup import FULL_CAPS, Fake, only_v1_devices
 
 RULES = [("c", 195, 0, "rw"), ("c", 195, 255, "rw")]
 ALL = "{d}", "{d}/cgroup.procs", "{d}/cgroup.subtree_control"
@@ -140,12 +140,7 @@ def test_no_cgroup2_rootless_no_leaf(fake):
 
 
 def test_no_cgroup2_root_hands_over_to_the_v1_devices_leaf(fake):
-    fake.mounts = []
-    devs = fake.v1 / "devices"
-    devs.mkdir(parents=True)
-    for f in ("cgroup.procs", "devices.deny", "devices.allow"):
-        (devs / f).write_text("")
-    fake.set_proc(caps=FULL_CAPS, v1=("devices",))
+    only_v1_devices(fake)
     fast, full = _both(fake)
     assert fast == ("leaf",) and full[0] == "leaf" and full[7] == "v1" and full[6] is True
 
