@@ -112,7 +112,15 @@ def test_run_it_through_a_pty(podman):
     """-it: conmon gets the pty master over the console socket."""
     cmd = " ".join(podman.argv(["run", "--rm", "-it", *RUN, IMAGE, "sh", "-c",
                                 "tty; exit 3"]))
-    r = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True,
-                       timeout=60, stdin=subprocess.DEVNULL, cwd="/")
+    # script's input stays open (a pipe this test holds), as a user's
+    # terminal does: at EOF on its input script ends the session's input,
+    # and podman's attach can then race the workload's first output.
+    keep_r, keep_w = os.pipe()
+    try:
+        r = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True,
+                           text=True, timeout=60, stdin=keep_r, cwd="/")
+    finally:
+        os.close(keep_r)
+        os.close(keep_w)
     assert r.returncode == 3, r.stdout + r.stderr
     assert "/dev/pts/0" in r.stdout
