@@ -72,11 +72,20 @@ class _Data(k.Structure):
                 ("inheritable", k.c_uint32)]
 
 
+_LAST = []
+
+
 def last_cap():
-    try:
-        return int(k.read_file("/proc/sys/kernel/cap_last_cap"))
-    except (OSError, ValueError):
-        return CAP_LAST
+    """The kernel's highest capability number, read once per process: the
+    launcher reads it before the clone (stages/parent.spawn_init), and the
+    command stage, a fork of a fork, has it (one kernel, the same value in
+    every namespace)."""
+    if not _LAST:
+        try:
+            _LAST.append(int(k.read_file("/proc/sys/kernel/cap_last_cap")))
+        except (OSError, ValueError):
+            _LAST.append(CAP_LAST)
+    return _LAST[0]
 
 
 def drop_bounding(keep):

@@ -14,6 +14,7 @@ import os
 import _struct as struct   # what `struct` re-exports: one import less
 
 from gpusandbox.errors import SeccompError
+from gpusandbox.linux import sys as lsys
 from gpusandbox.linux.sys import BPF_LD_W_ABS, BPF_MAXINSNS, SECCOMP_DATA_ARCH, read_file
 from gpusandbox.linux.sys import SOCK_FILTER as _INSN
 
@@ -276,21 +277,36 @@ def _cache_store(entry, data, arch, prog):
 SECCOMP_SET_MODE_FILTER = 1
 
 
+class _SockFprog(lsys.Structure):
+    """struct sock_fprog (linux/filter.h).  Made here, in the launcher: the
+    command stage, a fork, only fills one in."""
+    _fields_ = [("len", lsys.c_ushort), ("filter", lsys.c_void_p)]
+
+
+_READY = {}
+
+
+def ready(prog):
+    """The sock_fprog of a compiled program (and the buffer it points to,
+    kept with it), made once per program: the launcher asks for it before
+    the clone (stages/parent.spawn_init), so the command stage, a fork of a
+    fork, only passes it to the kernel."""
+    got = _READY.get(prog)
+    if got is None:
+        n = len(prog) // _INSN.size
+        if not prog or len(prog) % _INSN.size or n > BPF_MAXINSNS:
+            raise ValueError(f"not a compiled seccomp program ({len(prog)} bytes)")
+        buf = lsys.create_string_buffer(bytes(prog), len(prog))
+        got = _READY[prog] = (_SockFprog(n, lsys.addressof(buf)), buf)
+    return got[0]
+
+
 def install(prog, flags=0):
     """Install a compiled program on the calling thread (and its future
     children).  The caller must have set no_new_privs (or hold CAP_SYS_ADMIN).
     `flags` are SECCOMP_FILTER_FLAG_* bits; none are needed for the
     single-threaded command process (TSYNC only matters with threads)."""
-    from gpusandbox.linux import sys as lsys
-    n = len(prog) // _INSN.size
-    if not prog or len(prog) % _INSN.size or n > BPF_MAXINSNS:
-        raise ValueError(f"not a compiled seccomp program ({len(prog)} bytes)")
-
-    class SockFprog(lsys.Structure):
-        _fields_ = [("len", lsys.c_ushort), ("filter", lsys.c_void_p)]
-
-    buf = lsys.create_string_buffer(bytes(prog), len(prog))
-    fprog = SockFprog(n, lsys.addressof(buf))
+    fprog = ready(prog)
     try:
         lsys.syscall("seccomp", lsys.c_uint(SECCOMP_SET_MODE_FILTER),
                      lsys.c_uint(flags), lsys.byref(fprog))

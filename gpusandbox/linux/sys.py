@@ -15,6 +15,7 @@ module off the launch path may import ctypes itself: its types and these
 are interchangeable as arguments and fields (both are `_ctypes` types).
 """
 import os
+import sys as _sys
 
 import _ctypes
 import _struct
@@ -90,6 +91,9 @@ _NR = {
 
 _syscall = libc.syscall
 _syscall.restype = c_long
+# Each number as the argument the raw call takes, made once (a few hundred
+# calls a launch).
+_NR_ARG = {name: c_long(num) for name, num in _NR.items()}
 
 
 def nr(name):
@@ -99,9 +103,14 @@ def nr(name):
         raise OSError(38, f"{name}: no syscall number known for {_MACHINE}") from None
 
 
+def _nr_arg(name):
+    arg = _NR_ARG.get(name)
+    return arg if arg is not None else c_long(nr(name))
+
+
 def syscall(name, *args):
     """Raw syscall; returns the result or raises OSError naming the call."""
-    res = _syscall(c_long(nr(name)), *args)
+    res = _syscall(_nr_arg(name), *args)
     if res == -1:
         e = get_errno()
         raise OSError(e, f"{name} failed: {os.strerror(e)}")
@@ -135,10 +144,15 @@ libc.mount.argtypes = (c_char_p, c_char_p, c_char_p, c_ulong, c_char_p)
 libc.umount2.argtypes = (c_char_p, c_int)
 
 
+_FS_CODEC = (_sys.getfilesystemencoding(), _sys.getfilesystemencodeerrors())
+
+
 def _b(s):
-    if s is None:
-        return None
-    return s if isinstance(s, bytes) else os.fsencode(s)
+    """A path or string argument as bytes (os.fsencode's rule, without its
+    call layers: the wrappers pass a few hundred a launch)."""
+    if s is None or type(s) is bytes:
+        return s
+    return s.encode(*_FS_CODEC) if type(s) is str else os.fsencode(s)
 
 
 def mount(source, target, fstype, flags=0, data=None):
@@ -190,7 +204,7 @@ def clone_fork(flags, cgroup_fd=-1):
         args.flags |= CLONE_INTO_CGROUP
         args.cgroup = cgroup_fd
     _pyapi.PyOS_BeforeFork()
-    res = _syscall(c_long(nr("clone3")), byref(args),
+    res = _syscall(_nr_arg("clone3"), byref(args),
                    c_size_t(sizeof(args)))
     e = get_errno()
     if res == 0:
@@ -220,14 +234,17 @@ class _OpenHow(Structure):
 AT_FDCWD = -100
 
 
+_HOW_SIZE = c_size_t(sizeof(_OpenHow))
+
+
 def openat2(dirfd, path, flags, mode=0, resolve=RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS):
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    args = (_nr_arg("openat2"), c_int(dirfd), _b(path), byref(how), _HOW_SIZE)
     # With RESOLVE_IN_ROOT/BENEATH the kernel answers EAGAIN when a rename or
     # a mount anywhere raced a `..` step, and asks the caller to retry
     # (openat2(2)); a bounded retry keeps a busy host from failing a launch.
     for _ in range(64):
-        res = _syscall(c_long(nr("openat2")), c_int(dirfd), _b(path),
-                       byref(how), c_size_t(sizeof(how)))
+        res = _syscall(*args)
         if res != -1:
             return res
         e = get_errno()
@@ -400,7 +417,7 @@ def open_tree(dirfd, path, flags):
 
 
 def move_mount(from_fd, to_fd, what="move_mount"):
-    res = _syscall(c_long(nr("move_mount")), c_int(from_fd), b"",
+    res = _syscall(_nr_arg("move_mount"), c_int(from_fd), b"",
                    c_int(to_fd), b"",
                    c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH))
     return _check(res, what)

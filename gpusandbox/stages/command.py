@@ -1,6 +1,16 @@
-"""Stage 3: the command.  Forked by init after the pivot; drops everything
-and execs.  Order matters and each step says why it sits where it does;
-every kernel call goes through stages/mountexec.Kernel (`kern`), so that
+"""Stage 3: the command.  After the pivot it drops everything and execs, in
+one of two ways:
+  - spawn(): init itself takes the command's credentials, capabilities and
+    seccomp filter, then starts the command with posix_spawn(3) (a vfork:
+    nothing of init's memory is copied) and only reaps from then on.  The
+    way of a plain launch (spawnable()).  docker --init and podman --init
+    run their init under the container's profile the same way.
+  - run(): init forks and the child drops and execs; for what posix_spawn
+    cannot give the command (a controlling terminal, an OCI process's
+    settings, seccomp before the capabilities go) and for an OCI init that
+    becomes its workload.
+Order matters and each step says why it sits where it does; every kernel
+call goes through stages/mountexec.Kernel (`kern`), so that
 tests/unit/test_init_order.py states the order."""
 import errno
 import os
@@ -86,29 +96,11 @@ def run(plan, err_w, wdfd, tty_slave, kern=KERNEL):
         before_privileges(plan)
         early = seccomp_early(plan, kern)
         step = "dropping privileges"
-        # The bounding set needs CAP_SETPCAP, which the uid change may take away.
-        kern.drop_bounding(plan.cap_bounding)
-        kern.prctl(8, 1)   # PR_SET_KEEPCAPS: a non-root user may be given capabilities
-        if plan.groups is not None:
-            kern.setgroups(plan.groups)
-        elif plan.clear_groups:
-            kern.setgroups([])
-        kern.setresgid(plan.cmd_gid)
-        kern.setresuid(plan.cmd_uid)
-        # Every set written (the permitted set the uid change kept included).
-        kern.set_cap_sets(plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
-                          plan.cap_ambient)
-        if plan.no_new_privs:
-            kern.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
+        _drop_privileges(plan, kern)
         pause_point(plan, "before-exec")
         step = "applying the process settings"
         before_exec(plan, kern)
-        # No PATH in the environment: execvp(3)'s search of a default one,
-        # which the environment does not get.
-        path = _lookup(plan.argv[0], plan.env.get("PATH", DEFAULT_PATH))
-        if path is None:
-            fail(err_w, 127, f"command not found in the image: {plan.argv[0]}", None,
-                 "check the image's PATH (-e PATH=...) or give the full path")
+        path = _path(plan, err_w)
         # Last: after seccomp only the syscalls the profile allows remain.
         if plan.seccomp is not None and not early:
             step = "installing the seccomp filter"
@@ -116,15 +108,98 @@ def run(plan, err_w, wdfd, tty_slave, kern=KERNEL):
         step = f"executing {plan.argv[0]}"
         kern.execve(path, plan.argv, plan.env)
     except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR) and step.startswith("executing"):
-            fail(err_w, 127, f"cannot execute {plan.argv[0]}", e.strerror,
-                 "the file or its interpreter (#! line) is missing in the image")
-        if step.startswith("executing"):
-            fail(err_w, 126, f"cannot execute {plan.argv[0]}", e.strerror,
-                 "make it executable, or check that it is a program for this architecture")
-        fail(err_w, 125, step, e.strerror or str(e))
+        _failed(plan, err_w, step, e)
     except Exception as e:  # noqa: BLE001
         fail(err_w, 125, step, f"{type(e).__name__}: {e}")
+
+
+def spawnable(plan, tty_slave):
+    """Whether init may start the command itself (spawn): a plain launch.
+    Not with a terminal (the command must make it its controlling one), an
+    OCI process's settings (scheduling, stdio handed over, HOME from the
+    image's passwd), or a filter that must go in before the capabilities
+    (noNewPrivileges false): those take run() in a forked child."""
+    return (tty_slave is None and plan.oci is None and plan.proc_settings is None
+            and not plan.stdio_owner and "HOME" in plan.env
+            and (plan.no_new_privs or plan.seccomp is None))
+
+
+def spawn(plan, err_w, wdfd, go_r, kern=KERNEL):
+    """init (pid 1) becomes what the command must be, in run()'s order, and
+    starts it with posix_spawn: the working directory, the descriptors
+    marked close-on-exec (init never execs, so its own stay usable), the
+    privileges dropped, seccomp last; the spawned child gets no signal
+    blocked or ignored and its own session.  Returns the command's pid;
+    a failure is reported and ends init.  After the spawn init only reaps
+    and forwards signals (stages/init._reap): what the profile allows any
+    command.  A credential change clears the parent-death signal and the
+    dumpable flag (prctl(2)): both are set again, and the launcher's end
+    of the go pipe (go_r, closed here) tells whether it died meanwhile."""
+    step = "entering the working directory"
+    try:
+        kern.fchdir(wdfd)
+        kern.close(wdfd)
+        step = "closing inherited descriptors"
+        kern.close_range(3, 0xFFFFFFFF, _CLOSE_RANGE_CLOEXEC)
+        for fd in plan.keep_fds:
+            os.set_inheritable(fd, True)
+        step = "dropping privileges"
+        _drop_privileges(plan, kern)
+        kern.prctl(k.PR_SET_PDEATHSIG, 9)
+        kern.prctl(4, 0)    # PR_SET_DUMPABLE
+        if kern.peer_gone(go_r):
+            os._exit(125)
+        kern.close(go_r)
+        pause_point(plan, "before-exec")
+        step = "applying the process settings"
+        before_exec(plan, kern)
+        path = _path(plan, err_w)
+        if plan.seccomp is not None:
+            step = "installing the seccomp filter"
+            kern.install_seccomp(plan.seccomp)
+        step = f"executing {plan.argv[0]}"
+        return kern.spawn(path, plan.argv, plan.env)
+    except OSError as e:
+        _failed(plan, err_w, step, e)
+    except Exception as e:  # noqa: BLE001
+        fail(err_w, 125, step, f"{type(e).__name__}: {e}")
+
+
+def _drop_privileges(plan, kern):
+    # The bounding set needs CAP_SETPCAP, which the uid change may take away.
+    kern.drop_bounding(plan.cap_bounding)
+    kern.prctl(8, 1)   # PR_SET_KEEPCAPS: a non-root user may be given capabilities
+    if plan.groups is not None:
+        kern.setgroups(plan.groups)
+    elif plan.clear_groups:
+        kern.setgroups([])
+    kern.setresgid(plan.cmd_gid)
+    kern.setresuid(plan.cmd_uid)
+    # Every set written (the permitted set the uid change kept included).
+    kern.set_cap_sets(plan.cap_effective, plan.cap_permitted, plan.cap_inheritable,
+                      plan.cap_ambient)
+    if plan.no_new_privs:
+        kern.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _path(plan, err_w):
+    """The file to execute.  No PATH in the environment: execvp(3)'s search
+    of a default one, which the environment does not get."""
+    path = _lookup(plan.argv[0], plan.env.get("PATH", DEFAULT_PATH))
+    if path is None:
+        fail(err_w, 127, f"command not found in the image: {plan.argv[0]}", None,
+             "check the image's PATH (-e PATH=...) or give the full path")
+    return path
+
+
+def _failed(plan, err_w, step, e):
+    if e.errno in (errno.ENOENT, errno.ENOTDIR) and step.startswith("executing"):
+        fail(err_w, 127, f"cannot execute {plan.argv[0]}", e.strerror,
+             "the file or its interpreter (#! line) is missing in the image")
+    if step.startswith("executing"):
+        fail(err_w, 126, f"cannot execute {plan.argv[0]}", e.strerror,
+             "make it executable, or check that it is a program for this architecture")
+    fail(err_w, 125, step, e.strerror or str(e))
 
 
 # --- an OCI process's settings (the plan's fields; no-ops for a plain run) ----

@@ -224,18 +224,6 @@ def _pivot(rootfd, kern):
     kern.chdir("/")
 
 
-def _peer_gone(fd):
-    """Whether the other end of a pipe that is never written has closed:
-    a read that does not wait ends at once (EOF) or finds nothing yet."""
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 1) == b""
-    except BlockingIOError:
-        return False
-    finally:
-        os.set_blocking(fd, True)
-
-
 def _close_except(keep):
     low = 3
     for fd in sorted(keep) + [0x7FFFFFFF]:
@@ -272,7 +260,7 @@ def run(plan, go_r, err_w, tty_sock, wait):
         # closed its end of the go pipe: EOF there, checked next, closes the race.
         if plan.oci is None:   # an OCI container outlives its `create` by design
             k.prctl(k.PR_SET_PDEATHSIG, 9)
-        if not wait and _peer_gone(go_r):
+        if not wait and KERNEL.peer_gone(go_r):
             os._exit(125)
         # Nothing the caller's process left open stays open in the sandbox's
         # init for its whole life (stdio, the pipes and the tty socket stay).
@@ -321,8 +309,9 @@ def run(plan, go_r, err_w, tty_sock, wait):
             step = "writing the user namespace's id maps"
             _, uin, uout, gin, gout = plan.idmap
             k.write_single("self", uin, uout, gin, gout, plan.real_root)
-        if not (cs and cs.runtime_hooks(plan)):
-            os.close(go_r)     # else kept for the hooks point
+        spawn = command.spawnable(plan, tty_sock)
+        if not (spawn or cs and cs.runtime_hooks(plan)):
+            os.close(go_r)     # else kept for the hooks point, or the command stage
         # Not dumpable: the command cannot open /proc/1/exe, /proc/1/fd/* or
         # ptrace this process (CVE-2019-5736 class).  After the id maps, which
         # the launcher may write into /proc/<pid> of a still-dumpable child.
@@ -345,11 +334,14 @@ def run(plan, go_r, err_w, tty_sock, wait):
             # namespace, parent 0, as runc's and crun's): the caller reaps
             # the workload's own status and signals reach it unforwarded.
             command.run(plan, err_w, wdfd, tty_slave)
-        pid = os.fork()
-        if pid == 0:
-            command.run(plan, err_w, wdfd, tty_slave)
+        if spawn:
+            pid = command.spawn(plan, err_w, wdfd, go_r)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                command.run(plan, err_w, wdfd, tty_slave)
+            os.close(wdfd)
         os.close(err_w)
-        os.close(wdfd)
         if created:
             cs.release_stdio()
         if tty_slave is not None:
@@ -382,7 +374,7 @@ def _reap(cmd_pid):
         if sig != _SIGCHLD:
             try:
                 os.kill(cmd_pid, sig)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
             continue
         while True:

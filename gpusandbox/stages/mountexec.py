@@ -170,6 +170,43 @@ class Kernel:
     def setsid(self):
         os.setsid()
 
+    def peer_gone(self, fd):
+        """Whether the other end of a pipe that is never written has closed:
+        a read that does not wait ends at once (EOF) or finds nothing yet."""
+        os.set_blocking(fd, False)
+        try:
+            return os.read(fd, 1) == b""
+        except BlockingIOError:
+            return False
+        finally:
+            os.set_blocking(fd, True)
+
+    def spawn(self, path, argv, env):
+        """posix_spawn(3) from init (command.spawn), called in libc: the
+        command in its own session, with no signal blocked and every one at
+        its default action (ignored ones would survive the execve; CPython
+        ignores SIGPIPE and SIGXFSZ).  Not os.posix_spawn: its signal sets
+        are built with sigaddset(3), which refuses glibc's two internal
+        signals (32, 33), and glibc's child leaves those ignored unless the
+        default set names them: the command would start with them ignored."""
+        attr = (k.c_char * _SPAWNATTR_SIZE)()
+        k.libc.posix_spawnattr_init(attr)
+        try:
+            k.libc.posix_spawnattr_setsigdefault(attr, _ALL_SIGNALS)
+            k.libc.posix_spawnattr_setsigmask(attr, _NO_SIGNALS)
+            k.libc.posix_spawnattr_setflags(attr, _SPAWN_FLAGS)
+            args = [k._b(a) for a in argv]
+            envp = [k._b(f"{key}={val}") for key, val in env.items()]
+            pid = k.c_int(0)
+            err = k.libc.posix_spawn(k.byref(pid), k._b(path), None, attr,
+                                     (k.c_char_p * (len(args) + 1))(*args, None),
+                                     (k.c_char_p * (len(envp) + 1))(*envp, None))
+        finally:
+            k.libc.posix_spawnattr_destroy(attr)
+        if err:
+            raise OSError(err, os.strerror(err), path)
+        return pid.value
+
     def close_range(self, low, high, flags):
         k.syscall("close_range", low, high, flags)
 
@@ -201,6 +238,16 @@ class Kernel:
     def execve(self, path, argv, env):
         os.execve(path, argv, env)
 
+
+# posix_spawnattr_t (glibc, both supported ABIs: flags, pgroup, two 1024-bit
+# sigset_t, sched_param, policy, reserved ints; 336 bytes), with room to spare.
+_SPAWNATTR_SIZE = 512
+# sigset_t: signal n is bit n-1; every signal 1..64, and none.
+_NO_SIGNALS = (k.c_char * 128)()
+_ALL_SIGNALS = (k.c_char * 128)()
+_ALL_SIGNALS.raw = b"\xff" * 8 + bytes(120)
+# POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSID (spawn.h)
+_SPAWN_FLAGS = 0x04 | 0x08 | 0x80
 
 KERNEL = Kernel()
 

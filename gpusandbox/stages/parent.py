@@ -7,7 +7,7 @@ import sys
 
 from .. import plan as planmod
 from ..errors import SandboxError
-from ..linux import cgplace
+from ..linux import caps, cgplace
 from ..linux import sys as k
 from . import channel
 # Imported here rather than in the clone child: the child then starts work at
@@ -194,6 +194,13 @@ def spawn_init(plan, cg, tty, wait, member=None, hold=False):
     channel, and gives up the image root and init's side of the terminal pair.
     Returns (pid, child, go_w, err_r): child is a _Child holding init's pidfd
     when hold, else None (a detached launcher leaves init to its caller)."""
+    # What the command stage passes to the kernel is made here once, not in
+    # each fork (whose every allocation is a copy-on-write fault): the
+    # capability count and the seccomp program's struct.
+    caps.last_cap()
+    if plan.seccomp is not None:
+        from ..linux import seccomp
+        seccomp.ready(plan.seccomp)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     # init's ends, closed here once init holds them; every failure below

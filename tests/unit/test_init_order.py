@@ -170,6 +170,14 @@ class Recorder(Kernel):
         self.log.append(("execve", path, tuple(argv)))
         raise Exec
 
+    def peer_gone(self, fd):
+        self.log.append(("launcher alive?",))
+        return False
+
+    def spawn(self, path, argv, env):
+        self.log.append(("spawn", path, tuple(argv)))
+        return 2
+
 
 class Exec(BaseException):
     """The double's execve: the command stage never returns from a real one."""
@@ -345,6 +353,37 @@ def test_a_plain_run_from_the_root_filesystem_to_the_execve(tmp_path):
                    ("prctl", k.PR_SET_NO_NEW_PRIVS), "seccomp", "execve"]
     assert [e for e in log if e[0] == "fchdir"][1] == ("fchdir", "/work")
     assert log[-1] == ("execve", "/bin/true", ("/bin/true",))
+
+
+def test_a_plain_run_is_spawned_by_init_after_it_takes_the_commands_privileges(tmp_path):
+    """The way of a plain launch (command.spawnable): init enters the working
+    directory, marks its descriptors close-on-exec, drops the privileges in
+    run()'s order, sets the parent-death signal and non-dumpable again (a
+    credential change clears both), checks the launcher is alive, then
+    seccomp last and the spawn; a terminal takes the forked child instead."""
+    from gpusandbox.stages import command
+    root = tmp_path / "root"
+    (root / "bin").mkdir(parents=True)
+    plan = planmod.build(parse_run_args(["-w", "/work", str(root), "/bin/true"]), {})
+    plan.env.setdefault("HOME", "/")
+    assert command.spawnable(plan, None) and not command.spawnable(plan, 7)
+    kern = Recorder()
+    go_r, go_w = os.pipe()
+    kern.fds[go_r] = "go pipe"
+    wd = kern._fd("/work")
+    try:
+        assert command.spawn(plan, None, wd, go_r, kern) == 2
+    finally:
+        os.close(go_r)
+        os.close(go_w)
+        os.close(plan.rootfd)
+    cmd = [e[0] if e[0] != "prctl" else ("prctl", e[1]) for e in kern.log]
+    assert cmd == ["fchdir", "close_range",
+                   "bounding", ("prctl", 8), "setgroups", "setresgid", "setresuid", "capset",
+                   ("prctl", k.PR_SET_NO_NEW_PRIVS), ("prctl", k.PR_SET_PDEATHSIG),
+                   ("prctl", 4), "launcher alive?", "seccomp", "spawn"]
+    assert kern.log[0] == ("fchdir", "/work")
+    assert kern.log[-1] == ("spawn", "/bin/true", ("/bin/true",))
 
 
 def test_an_oci_config_with_privileges_left_seccomp_first_propagation_after_pivot(tmp_path):

@@ -15,7 +15,7 @@ def _fds():
 
 
 def _plan(rootfd=-1):
-    return types.SimpleNamespace(clone_flags=0, rootfd=rootfd)
+    return types.SimpleNamespace(clone_flags=0, rootfd=rootfd, seccomp=None)
 
 
 _CG = types.SimpleNamespace(dirfd=-1, fds=())
