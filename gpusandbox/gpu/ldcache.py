@@ -143,8 +143,25 @@ def iter_raw(data):
     """(base, end, rows): rows are (flags, key, value, osversion, hwcap)
     tuples; key/value are string offsets for `_cstr(data, off, base, end)`.
 
-    Every count and offset is checked against the buffer, so a hostile file
-    (an image's cache) yields CacheError, never an IndexError or a huge read."""
+    Every count and offset is checked against the buffer (entry_table), so a
+    hostile file (an image's cache) yields CacheError, never an IndexError
+    or a huge read."""
+    base, end, table, nlibs = entry_table(data)
+    return base, end, list(_ENTRY.iter_unpack(data[table:table + nlibs * _ENTRY.size]))
+
+
+def rows_keyed(data, table, nlibs, keys):
+    """The rows (as iter_raw's) whose key offset is in the set `keys`, in
+    file order.  Only the key column is read, as ints, and only the rows
+    that match are unpacked: a host's cache lists a few thousand libraries,
+    and the launch asks for a few dozen."""
+    col = memoryview(data)[table:table + nlibs * _ENTRY.size].cast("I")[1::_ENTRY.size // 4]
+    return [_ENTRY.unpack_from(data, table + i * _ENTRY.size)
+            for i, key in enumerate(col.tolist()) if key in keys]
+
+
+def entry_table(data):
+    """(base, end, offset of the entry table, entry count), each checked."""
     base = _locate(data)
     if len(data) < base + _HDR.size:
         raise CacheError("truncated header")
@@ -156,8 +173,7 @@ def iter_raw(data):
         raise CacheError(f"entry count {nlibs} exceeds the file size")
     if nlibs > MAX_ENTRIES:
         raise CacheError(f"entry count {nlibs} above {MAX_ENTRIES}")
-    rows = list(_ENTRY.iter_unpack(data[table:table + nlibs * _ENTRY.size]))
-    return base, len(data), rows
+    return base, len(data), table, nlibs
 
 
 def _hwcaps_names(data, base, strings):

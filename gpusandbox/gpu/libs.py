@@ -65,14 +65,14 @@ def _from_cache(host, resolve, families):
         raise GpuError("driver libraries", f"cannot read {cpath}: {os.strerror(e.errno)}",
                        hint="run ldconfig in the driver root") from None
     try:
-        base, end, rows = ldcache.iter_raw(data)
+        base, end, table, nlibs = ldcache.entry_table(data)
     except ldcache.CacheError as e:
         raise GpuError("driver libraries", f"{cpath}: {e}",
                        hint="run ldconfig in the driver root to rebuild it") from None
     suffix = ".so." + host.version
     seen, libs = {}, []
     abi_bits = ldcache.abi_bits
-    for flags, key, value, _osv, hwcap in _candidates(data, base, end, rows, families):
+    for flags, key, value, _osv, hwcap in _candidates(data, base, end, table, nlibs, families):
         bits = abi_bits(flags)
         if hwcap or bits is None:
             continue
@@ -101,21 +101,22 @@ def _from_cache(host, resolve, families):
     return libs
 
 
-def _candidates(data, base, end, rows, families):
+def _candidates(data, base, end, table, nlibs, families):
     """The rows whose key may name a driver library: its string starts with
     the first five bytes of a family.  A host's cache lists a few thousand
     libraries and the driver a few dozen; the string table is searched for
     those prefixes (bytes.find, a handful of scans) instead of each row's key
-    being read.  Tail-merged strings (a key stored as the end of a path, as
-    ldconfig may share them) are found too: any occurrence is checked against
-    the rows' key offsets."""
+    being read, and only the rows with one of those keys are unpacked
+    (ldcache.rows_keyed).  Tail-merged strings (a key stored as the end of a
+    path, as ldconfig may share them) are found too: any occurrence is
+    checked against the rows' key offsets."""
     starts = set()
     for prefix in {f[:5] for f in families}:
         at = data.find(prefix, base)
         while 0 <= at < end:
             starts.add(at - base)
             at = data.find(prefix, at + 1)
-    return [row for row in rows if row[1] in starts]
+    return ldcache.rows_keyed(data, table, nlibs, starts)
 
 
 def _elf_flags(path):

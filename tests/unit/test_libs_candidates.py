@@ -27,7 +27,9 @@ def _check(path, families):
         data = f.read()
     base, end, rows = ldcache.iter_raw(data)
     want = _full_scan(data, base, end, rows, families)
-    got = libs._candidates(data, base, end, rows, families)
+    _, _, table, nlibs = ldcache.entry_table(data)
+    got = libs._candidates(data, base, end, table, nlibs, families)
+    assert got == [r for r in rows if r in got]          # in file order, as read
     assert all(r in got for r in want)
     # and only rows whose key starts with a family's first five bytes
     prefixes = tuple({f[:5] for f in families})
@@ -45,10 +47,13 @@ def test_the_hosts_own_cache_written_by_ldconfig():
 def test_a_key_stored_as_the_tail_of_a_path_is_found():
     # A string table where the key "libcuda.so.1" is the end of the value
     # "/lib/libcuda.so.1" (tail merging), as ldconfig's string table may store it.
-    table = b"\0/lib/libcuda.so.1\0/lib/libfoo.so.2\0"
-    tail = table.index(b"libcuda.so.1")
-    rows = [(0x0303, tail, 1, 0, 0), (0x0303, table.index(b"libfoo"), 19, 0, 0)]
-    got = libs._candidates(table, 0, len(table), rows, frozenset({b"libcuda"}))
+    strings = b"\0/lib/libcuda.so.1\0/lib/libfoo.so.2\0"
+    tail = strings.index(b"libcuda.so.1")
+    rows = [(0x0303, tail, 1, 0, 0), (0x0303, strings.index(b"libfoo"), 19, 0, 0)]
+    entries = b"".join(ldcache._ENTRY.pack(*r) for r in rows)
+    data = entries + strings
+    got = libs._candidates(data, len(entries), len(data), 0, len(rows),
+                           frozenset({b"libcuda"}))
     assert got == [rows[0]]
 
 
