@@ -95,6 +95,10 @@ def find_gpusandbox(opt, tmp, repo, log):
             log("could not install the dependencies (" +
                 (p.stderr.strip().splitlines() or ["pip failed"])[-1] +
                 "); image pulls will fail")
+        # As the README installs it: setuptools out of the venv once installed
+        # (its .pth file runs at every interpreter start).
+        subprocess.run([os.path.join(venv, "bin", "pip"), "uninstall", "-qy", "setuptools"],
+                       capture_output=True, cwd="/")
         log(f"measuring a regular install of {repo} in {venv}")
         return os.path.join(venv, "bin", "gpusandbox")
     dev = os.path.join(repo, ".venv", "bin", "gpusandbox")

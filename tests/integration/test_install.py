@@ -49,6 +49,12 @@ def test_regular_install_is_quiet_and_can_create_a_sim_host(source_copy, tmp_pat
     assert not warnings, "\n".join(warnings)
     site = next((venv / "lib").glob("python3*/site-packages"))
     assert (site / "gpusandbox" / "sim" / "src" / "simcommon.c").is_file()
+    # README's last step: setuptools out of the venv (its .pth file runs at
+    # every interpreter start); everything below runs without it.
+    r = subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-qy", "setuptools"],
+                       capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not list(site.glob("*.pth")) and not (site / "setuptools").exists()
     # Generated at build time from the parsers, installed under share/: what
     # the installed CLI prints, and man finds them from the venv's bin/ on PATH.
     cli = str(venv / "bin" / "gpusandbox")
