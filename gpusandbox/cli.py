@@ -381,10 +381,10 @@ def run_and_exit(argv):
 def _site(spec):
     """The site's and user's configuration (docs/config.md), its warnings
     printed; a registry or store image checked against the site's policy.
-    Nothing to read when nothing is configured (settings.configured): every
-    key keeps its default and there is no site hook."""
-    from . import settings
-    if not settings.configured():
+    Nothing to read when nothing is configured (settingswhere.configured):
+    every key keeps its default and there is no site hook."""
+    from . import settingswhere
+    if not settingswhere.configured():
         return
     from . import siterun, sitehooks
     warnings = siterun.apply(spec)

@@ -107,9 +107,15 @@ def driver_roots(spec, host_env):
     reads (gpusandbox/settings.py: GPUSANDBOX_DRIVER_ROOT/GPUSANDBOX_DEV_ROOT,
     then the settings files).  --driver-root wins over both: a dev root
     from the settings belongs with their driver root, not with another one
-    given on the command line."""
+    given on the command line.  Nothing configured (settingswhere): the
+    default root, without loading the settings."""
+    if spec.driver_root:            # the options win (settings.driver_roots' first rule)
+        return spec.driver_root, spec.dev_root
+    from . import settingswhere
+    if not settingswhere.configured(None if host_env is os.environ else host_env):
+        return settingswhere.DRIVER_ROOT, spec.dev_root
     from . import settings
-    return settings.driver_roots(host_env, spec.driver_root, spec.dev_root)
+    return settings.driver_roots(host_env, None, spec.dev_root)
 
 
 def _cdi(plan, names, rootfd, host_env):

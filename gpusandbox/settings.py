@@ -38,9 +38,10 @@ import os
 import stat
 
 from .linux import host
+from .settingswhere import DRIVER_ROOT, SYSTEM_DIR, configured, source_dirs  # noqa: F401
 
 FILE_VAR = "GPUSANDBOX_OCI_CONF"
-SYSTEM_FILE = "/etc/gpusandbox/oci.conf"
+SYSTEM_FILE = SYSTEM_DIR + "/oci.conf"
 USER_FILE = ".config/gpusandbox/oci.conf"      # under $HOME
 # Spellings older versions read, still accepted; `gpusandbox doctor` names them.
 OLD_FILE_VARS = ("GPUSANDBOX_OCI_CONFIG",)
@@ -112,7 +113,7 @@ class Key:
 
 
 KEYS = {k.name: k for k in (
-    Key("driver-root", "path", "/", "GPUSANDBOX_DRIVER_ROOT", ("driver_root",),
+    Key("driver-root", "path", DRIVER_ROOT, "GPUSANDBOX_DRIVER_ROOT", ("driver_root",),
         flag="--driver-root", doors=_ALL, oci_conf=True,
         doc="where the driver's files are (a simulated host: `gpusandbox sim create`'s DIR)"),
     Key("dev-root", "path", None, "GPUSANDBOX_DEV_ROOT", ("dev_root",), within="driver-root",
@@ -353,30 +354,6 @@ def _merged(vals):
     for v in vals:
         out += [x for x in v if x not in out]
     return out
-
-
-def source_dirs(environ):
-    """The directories every settings file and the site hooks live in: the
-    site's (/etc/gpusandbox: oci.conf, gpusandbox.conf, conf.d/, hooks-dir's
-    default hooks.d/) and the caller's (<config home>/gpusandbox, under
-    $XDG_CONFIG_HOME and under $HOME/.config).  tests/unit/test_settings_
-    configured.py holds every path sources() and KEYS name to them."""
-    out = [os.path.dirname(SYSTEM_FILE)]
-    home = environ.get("HOME") or ""
-    for base in (environ.get("XDG_CONFIG_HOME") or "", home and home + "/.config"):
-        if base.startswith("/"):
-            out.append(os.path.join(base, "gpusandbox"))
-    return out
-
-
-def configured(environ=None):
-    """Whether a variable of ENV_VARS is set or one of source_dirs() exists.
-    Without one, every key has its default and there is no site hook: a
-    launch skips siterun, conffile and sitehooks (stat calls, not modules)."""
-    environ = os.environ if environ is None else environ
-    if any(environ.get(v) for v in ENV_VARS):
-        return True
-    return any(os.path.lexists(d) for d in source_dirs(environ))
 
 
 def sources(environ, system_file=SYSTEM_FILE, site_dir=None):

@@ -205,8 +205,8 @@ def tree_steps(plan, rootfd, src, fds, life, err_w, go_r, kern=KERNEL, stage=Non
             yield "running the createContainer hooks"
             ocisetup.container_hooks(plan, "createContainer", life["pid"],
                                      plan.hook_state["bundle"])
-    from .. import settings
-    if settings.configured():       # else no hook can exist (no site directory)
+    from .. import settingswhere
+    if settingswhere.configured():  # else no hook can exist (no site directory)
         from .. import sitehooks    # its list read by the launcher, before the clone
         if sitehooks.hooks():
             yield "running the site hooks"

@@ -163,9 +163,9 @@ def hold_signals():
 def _exit_hooks(plan, status):
     """The site's exit hooks (sitehooks.py): a failure is a warning, the
     command's status stands.  None without a site directory
-    (settings.configured)."""
-    from .. import settings
-    if not settings.configured():
+    (settingswhere.configured)."""
+    from .. import settingswhere
+    if not settingswhere.configured():
         return
     from .. import sitehooks
     if sitehooks.hooks() and not plan.host_root:

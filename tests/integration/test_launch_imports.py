@@ -48,8 +48,10 @@ NOT_ON_THE_PATH = {
     "gpusandbox.linux.seccompbpf",   # the shipped program (linux.seccomp loads the
                                      # compiler only on a miss)
     "zlib",                          # the kept program's check is linux.seccomp._sum
+    "gpusandbox.settings",           # nothing configured and --driver-root given: no
+                                     # key to read (settingswhere.configured)
     "gpusandbox.siterun",            # no site or user file, no GPUSANDBOX_* variable
-    "gpusandbox.conffile",           # (settings.configured): every key its default
+    "gpusandbox.conffile",           # (settingswhere.configured): every key its default
     "gpusandbox.sitehooks",          # and no site hooks directory
     "gpusandbox.fabric.discover",    # no --fabric and no fabric variable, and the
     "gpusandbox.fabric.select",      # host has no fabric adapter (plandev.has_adapters):

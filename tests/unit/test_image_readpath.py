@@ -35,15 +35,14 @@ def test_a_cached_run_loads_only_the_read_path(cached):  # noqa: F811
     assert argv == "['/bin/sh', '-c', 'x']"
     # Each module costs about as much as the lookup itself: the package
     # holds the digest check and the reference grammar, storeread the rest.
-    # The site's configuration (settings.py, and where a source exists the
-    # files it asks, siterun and sitehooks: settings.configured) is read by
-    # every launch, cached or not: the launch reads settings anyway, for the
-    # driver root.
-    from gpusandbox import settings
+    # The site's configuration (settingswhere first; where a source exists
+    # the files it asks, siterun and sitehooks) is read by every launch,
+    # cached or not, and an image reference reads settings.py for the stores.
+    from gpusandbox import settingswhere
     site = ["gpusandbox.conffile", "gpusandbox.sitehooks", "gpusandbox.siterun"] \
-        if settings.configured() else []
+        if settingswhere.configured() else []
     assert mods == str(sorted(["gpusandbox.image", "gpusandbox.image.storeread",
-                               "gpusandbox.settings"] + site))
+                               "gpusandbox.settings", "gpusandbox.settingswhere"] + site))
 
 
 def test_a_lookup_creates_nothing_and_a_write_opens_the_writer(tmp_path):

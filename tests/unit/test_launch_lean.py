@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpusandbox import conffile, plandev, settings
+from gpusandbox import conffile, plandev, settings, settingswhere
 from gpusandbox.fabric import discover
 from gpusandbox.plan import LaunchPlan
 from gpusandbox.spec import RunSpec
@@ -50,14 +50,34 @@ def test_configured_by_any_variable_or_any_source_directory(tmp_path):
     assert not settings.configured(env)
     assert [type(s).__name__ for s in settings.sources(env)] == ["EnvSource"]
     for var in settings.ENV_VARS:
+        assert var.startswith(settingswhere.PREFIX), var    # what settingswhere checks
         assert settings.configured({**env, var: "x"}), var
     assert not settings.configured({**env, "GPUSANDBOX_NETWORK": ""})
+    assert not settings.configured({**env, "NVIDIA_VISIBLE_DEVICES": "all"})
     (home / ".config/gpusandbox").mkdir(parents=True)
     assert settings.configured(env)
     assert "TomlSource" in [type(s).__name__ for s in settings.sources(env)]
     xdg = tmp_path / "xdg"
     (xdg / "gpusandbox").mkdir(parents=True)
     assert settings.configured({"XDG_CONFIG_HOME": str(xdg)})
+
+
+def test_an_unconfigured_launch_reads_its_driver_root_without_the_settings(tmp_path):
+    """plandev.driver_roots: --driver-root, else with nothing configured the
+    default root (settings.KEYS' own), neither loading settings.py."""
+    if os.path.lexists("/etc/gpusandbox"):
+        pytest.skip("this machine has /etc/gpusandbox")
+    assert settings.KEYS["driver-root"].default == settingswhere.DRIVER_ROOT
+    code = ("import sys; from gpusandbox import plandev; from gpusandbox.spec import RunSpec; "
+            "s = RunSpec(); s.dev_root = '/d'; a = plandev.driver_roots(s, {'HOME': sys.argv[1]}); "
+            "s.driver_root = '/r'; b = plandev.driver_roots(s, {'GPUSANDBOX_DRIVER_ROOT': '/e'}); "
+            "print(a, b, 'gpusandbox.settings' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "('/', '/d') ('/r', '/d') False", out.stderr
+    env = {"HOME": str(tmp_path), "GPUSANDBOX_DRIVER_ROOT": str(tmp_path)}
+    spec = RunSpec()
+    assert plandev.driver_roots(spec, env) == (str(tmp_path), None)
 
 
 def test_an_unconfigured_run_reads_no_site_module(tmp_path):
