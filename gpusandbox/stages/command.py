@@ -114,14 +114,20 @@ def run(plan, err_w, wdfd, tty_slave, kern=KERNEL):
 
 
 def spawnable(plan, tty_slave):
-    """Whether init may start the command itself (spawn): a plain launch.
+    """Whether init may start the command itself (spawn): a plain launch
+    with one of the shipped seccomp profiles or none, whose every rule
+    leaves init what it does after the spawn (and the spawn's own clone).
     Not with a terminal (the command must make it its controlling one), an
     OCI process's settings (scheduling, stdio handed over, HOME from the
-    image's passwd), or a filter that must go in before the capabilities
-    (noNewPrivileges false): those take run() in a forked child."""
+    image's passwd), a filter that must go in before the capabilities
+    (noNewPrivileges false) or a profile of the caller's (which may deny
+    init's calls): those take run() in a forked child."""
+    if plan.seccomp is not None:
+        from ..linux.seccomp import SHIPPED     # loaded: the plan compiled its filter
+        if plan.spec.seccomp not in SHIPPED or not plan.no_new_privs:
+            return False
     return (tty_slave is None and plan.oci is None and plan.proc_settings is None
-            and not plan.stdio_owner and "HOME" in plan.env
-            and (plan.no_new_privs or plan.seccomp is None))
+            and not plan.stdio_owner and "HOME" in plan.env)
 
 
 def spawn(plan, err_w, wdfd, go_r, kern=KERNEL):

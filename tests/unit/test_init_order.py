@@ -367,6 +367,13 @@ def test_a_plain_run_is_spawned_by_init_after_it_takes_the_commands_privileges(t
     plan = planmod.build(parse_run_args(["-w", "/work", str(root), "/bin/true"]), {})
     plan.env.setdefault("HOME", "/")
     assert command.spawnable(plan, None) and not command.spawnable(plan, 7)
+    # A profile of the caller's may deny init's calls: the forked child installs it.
+    from gpusandbox.linux import seccomp
+    for opt, spawned in ((seccomp.profile_path("default"), False), ("unconfined", True),
+                         ("profiling", True)):
+        other = planmod.build(parse_run_args(["--seccomp", opt, str(root), "/bin/true"]), {})
+        os.close(other.rootfd)
+        assert command.spawnable(other, None) is spawned, opt
     kern = Recorder()
     go_r, go_w = os.pipe()
     kern.fds[go_r] = "go pipe"
