@@ -396,6 +396,27 @@ def test_kill_9_at_each_stage(runner, rootfs, stage):
     assert wait_for(lambda: cgroup_leaves() <= cg_before)
 
 
+def test_kill_9_before_exec_after_init_took_another_uid(root_runner, rootfs):
+    """A plain launch's pid 1 takes the command's identity before it spawns
+    the command (stages/command.spawn): a launcher killed there still takes
+    the sandbox with it (the parent-death signal, which the change of uid
+    clears and init sets again; as root, the reaper's cgroup.kill too)."""
+    p = root_runner.popen(["--user", "1000:1000", str(rootfs), "sleep", "555.6"],
+                          env={"GPUSANDBOX_TEST_PAUSE": "before-exec"})
+    line = p.stderr.readline()
+    assert "paused at before-exec" in line, line
+    paused = init_pids_paused("555.6")
+    assert paused and all(_uid(pid) == 1000 for pid in paused)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=10)
+    assert wait_for(lambda: not pids_with("555.6"))
+
+
+def _uid(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(ln for ln in f if ln.startswith("Uid:")).split()[1])
+
+
 def init_pids_paused(marker):
     """This launch's init (a fork of its launcher: the launcher's command line,
     renamed gpusandbox-init), not the inits of launches running beside it."""
