@@ -154,26 +154,24 @@ def _dirs(host, found):
 
 
 def _by_path(host, resolve, families, found):
+    """Driver files the cache does not list, by their name in the library
+    directories: <family>.so.<version> of each family, looked up by name
+    (a distribution's library directory holds a few thousand files, which
+    are not listed), in the order of their file names."""
     suffix = ".so." + host.version
     seen = {lib.host_path for lib in found}
     root = host.driver_root.rstrip("/")
+    names = sorted((f.decode() for f in families), key=lambda f: f + suffix)  # file order
     out = []
     for d in _dirs(host, found):
         for sub in ("",) + tuple(sorted(set(SUBDIRS.values()))):
             rel_dir = f"{d}/{sub}" if sub else d
-            real_dir = resolve(rel_dir, stat.S_ISDIR)
-            if real_dir is None:
+            if resolve(rel_dir, stat.S_ISDIR) is None:
                 continue
-            try:
-                names = os.listdir(real_dir)
-            except OSError:
-                continue
-            for fname in sorted(names):
-                if not fname.endswith(suffix):
+            for family in names:
+                if SUBDIRS.get(family, "") != sub:
                     continue
-                family = fname[:-len(suffix)]
-                if family.encode() not in families or SUBDIRS.get(family, "") != sub:
-                    continue
+                fname = family + suffix
                 if root + "/" + f"{rel_dir}/{fname}" in seen:
                     continue
                 real = resolve(f"{rel_dir}/{fname}")

@@ -173,6 +173,22 @@ def test_library_added_after_ldconfig_is_found_by_path(fake):
     assert [lib for lib in host.libs if lib.family == "libcuda" and lib.bits == 64][0].cached
 
 
+def test_files_by_path_are_found_without_listing_the_library_directory(fake, monkeypatch):
+    """A distribution's library directory holds a few thousand files: the
+    files the cache does not list are looked up by name, never listed."""
+    fx._cc("int of(void){return 0;}\n", fake.p(f"{fx.LIBDIR}/libnvidia-opticalflow.so.{V}"),
+           "libnvidia-opticalflow.so.1")
+    listdir = os.listdir
+
+    def no_lib_listing(path="."):
+        assert "x86_64-linux-gnu" not in os.fspath(path), path
+        return listdir(path)
+    monkeypatch.setattr(os, "listdir", no_lib_listing)
+    host = discover.discover(fake.root)
+    assert [lib.name for lib in host.libs if not lib.cached] == \
+        [f"libnvidia-opticalflow.so.{V}", f"libvdpau_nvidia.so.{V}"]
+
+
 def test_path_lookup_applies_the_version_file_and_root_checks(fake):
     vd = fake.p(f"{fx.LIBDIR}/vdpau")
     os.unlink(os.path.join(vd, f"libvdpau_nvidia.so.{V}"))
