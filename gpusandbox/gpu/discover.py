@@ -165,80 +165,6 @@ def _kv(text):
     return out
 
 
-class _Resolver:
-    """Real host path of a path inside the driver root, symlinks resolved as
-    if the root were "/" (openat2 RESOLVE_IN_ROOT), so an absolute link in a
-    containerised driver tree never escapes to the host's own files.
-
-    A file is looked up by name in its directory, which is resolved once
-    (in the root) and kept: a link whose target is a plain name of the same
-    directory is followed there, lstat and readlink only; a target with a
-    slash, "." or "..", or any other error, takes the full openat2 walk.
-    Both give the same answer (a driver's directory holds a few dozen links
-    of the form libcuda.so.1 -> libcuda.so.550.54.15)."""
-
-    def __init__(self, root):
-        self.root = root
-        self.fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._dirs = {}      # relative directory -> (its fd, its real path) or None
-
-    def close(self):
-        for held in self._dirs.values():
-            if held:
-                os.close(held[0])
-        os.close(self.fd)
-
-    def __call__(self, rel, want=stat.S_ISREG):
-        d, _, name = rel.strip("/").rpartition("/")
-        if want is stat.S_ISREG and name not in ("", ".", ".."):
-            real = self._in_dir(d, name)
-            if real is not False:
-                return real
-        return self._walk(rel, want)
-
-    def _in_dir(self, d, name):
-        """The real path of regular file `name` in directory `d`, None when
-        there is none, False when only the full walk can tell."""
-        if d not in self._dirs:
-            try:
-                fd = lsys.openat2(self.fd, d or ".", lsys.O_PATH | os.O_DIRECTORY)
-            except OSError:
-                self._dirs[d] = None
-            else:
-                self._dirs[d] = (fd, os.readlink(f"/proc/self/fd/{fd}").rstrip("/"))
-        held = self._dirs[d]
-        if held is None:
-            return False
-        fd, real = held
-        for _ in range(40):                           # the kernel's MAXSYMLINKS
-            try:
-                mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-                if not stat.S_ISLNK(mode):
-                    return f"{real}/{name}" if stat.S_ISREG(mode) else None
-                name = os.readlink(name, dir_fd=fd)
-            except FileNotFoundError:
-                return None
-            except OSError:
-                return False
-            if "/" in name or name in (".", ".."):
-                return False
-        return None                                  # a loop: ELOOP in the walk
-
-    def _walk(self, rel, want):
-        try:
-            fd = lsys.openat2(self.fd, rel.lstrip("/") or ".", lsys.O_PATH)
-        except OSError as e:
-            if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EXDEV):
-                return None
-            raise
-        try:
-            if not want(os.fstat(fd).st_mode):
-                return None
-            return os.readlink(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-
-
 def _check_node(dev_root, name, major, minor, problems):
     host_path = os.path.join(dev_root, name)
     node = DevNode("/dev/" + name, host_path, major, minor)
@@ -443,6 +369,13 @@ def _mps_dir(host, mps):
         return
     # The driver root is the caller's own choice; below it is the shared place.
     path = os.path.realpath(host.driver_root).rstrip("/") + "/" + mps.strip("/")
+    # Most hosts run no MPS daemon: a directory that is not there is left
+    # out, as the walk would leave it, without the walk.  lstat: a link at
+    # the path is there, and the walk refuses it.
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return
     try:
         fd = trusted_dir(path, own=False)
     except Taken as e:
@@ -493,7 +426,7 @@ def discover(driver_root="/", dev_root=None, environ=None):
         ctl["nvidia-uvm-tools"] = _check_node(host.dev_root, "nvidia-uvm-tools", uvm, 1,
                                               host.problems)
     host.migs = _migs(host)
-    resolve = _Resolver(root)
+    resolve = _libs_mod.Resolver(root)
     try:
         host.libs = _libs_mod.find(host, resolve, _FAMILIES)
         _files(host, resolve, os.environ if environ is None else environ)

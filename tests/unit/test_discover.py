@@ -135,6 +135,21 @@ def test_mps_pipe_directory_of_another_user_is_left_out(fake):
     assert "owned by uid 65534" in h.notes[0][1], h.notes
 
 
+def test_a_missing_mps_pipe_directory_is_left_out_without_the_walk(tmp_path, monkeypatch):
+    from gpusandbox.linux import host as lhost
+
+    def walked(*a, **k):
+        raise AssertionError("walked")
+    monkeypatch.setattr(lhost, "trusted_dir", walked)
+    host = discover.GpuHost()
+    host.driver_root, host.ipc, host.pinned, host.notes = "/", {}, {}, []
+    discover._mps_dir(host, str(tmp_path / "nvidia-mps"))
+    assert host.ipc == {} and host.notes == []
+    os.symlink("/nonexistent", tmp_path / "nvidia-mps")    # a dangling link is there
+    with pytest.raises(AssertionError, match="walked"):
+        discover._mps_dir(host, str(tmp_path / "nvidia-mps"))
+
+
 def test_mps_pipe_directory_walked_from_the_real_root(tmp_path):
     """The check walks the host path from /: with the driver root /, a link
     at the MPS path (`ln -s /root /tmp/nvidia-mps`) is not followed."""

@@ -1,4 +1,4 @@
-"""discover._Resolver: its by-name lookup in a held directory gives what the
+"""gpu/libs.Resolver (discovery's): its by-name lookup in a held directory gives what the
 full openat2 walk in the driver root gives, for every kind of link a driver
 tree (or a hostile one) may hold."""
 import os
@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gpusandbox.gpu import discover
+from gpusandbox.gpu import libs
 
 LIB = "usr/lib/x86_64-linux-gnu"
 
@@ -45,7 +45,7 @@ def tree(tmp_path):
 
 def test_the_by_name_lookup_answers_as_the_full_walk(tree):
     root, names = tree
-    res = discover._Resolver(str(root))
+    res = libs.Resolver(str(root))
     try:
         for d in (LIB, "lib64", "/" + LIB, "usr/lib/../lib/x86_64-linux-gnu"):
             for name in names:
@@ -58,7 +58,7 @@ def test_the_by_name_lookup_answers_as_the_full_walk(tree):
 def test_what_it_finds(tree):
     root, _ = tree
     lib = os.path.realpath(root / LIB)
-    res = discover._Resolver(str(root))
+    res = libs.Resolver(str(root))
     try:
         assert res(f"{LIB}/libcuda.so.1") == f"{lib}/libcuda.so.550"
         assert res(f"lib64/libcuda.so") == f"{lib}/libcuda.so.550"
@@ -86,7 +86,7 @@ def _closed(fd):
 
 def test_a_missing_directory_falls_back_to_the_walk(tree):
     root, _ = tree
-    res = discover._Resolver(str(root))
+    res = libs.Resolver(str(root))
     try:
         assert res("usr/none/libcuda.so.1") is None
         assert res("usr/none/libcuda.so.1") is None     # asked again: still the walk
