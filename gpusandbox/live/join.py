@@ -173,6 +173,7 @@ def run(rec, plan, tty=False):
         if tty:
             import socket
             sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock[0].sendall(parent.winsize())
         pid_r, pid_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         joiner, born = enter.fork(leaf if rec.get("cgroup_version") != 1 else None)

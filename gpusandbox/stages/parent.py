@@ -75,6 +75,7 @@ def launch(spec):
         # ttyname work there); init sends the master back over this pair.
         import socket
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        tty[0].sendall(winsize())
     # Block what we forward before anything exists to tear down: a signal that
     # arrives while the cgroup leaf is made or during the clone stays pending
     # instead of killing the launcher half-way.  init inherits the mask and
@@ -388,6 +389,18 @@ def _channel_end(err_r, errbuf, status):
         code, what, why, hint = rec
         raise SandboxError(what, why, hint, code)
     return status
+
+
+def winsize():
+    """The caller's terminal's window size (struct winsize), for the sandbox's
+    pty (init._open_pty sets it before the command starts); zeros when fd 0
+    has none."""
+    import fcntl
+    import termios
+    try:
+        return fcntl.ioctl(0, termios.TIOCGWINSZ, b"\0" * 8)
+    except OSError:
+        return b"\0" * 8
 
 
 class _Terminal:

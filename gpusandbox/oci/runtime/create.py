@@ -247,6 +247,10 @@ def create(root, cid, bundle, pid_file=None, console=None, preserve_fds=0, log=N
                 raise SandboxError("setting the hostname in the joined uts namespace",
                                    e.strerror) from None
         tty = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if spec.tty else None
+        if tty:
+            # The pty's first window size (init._open_pty reads it first): none,
+            # as a new pty's; the console socket's owner sets the real one.
+            tty[0].sendall(bytes(8))
         parent.hold_signals()
         limits = None if x.limits.empty() else x.limits
         try:
