@@ -45,12 +45,13 @@ def fork(leaf):
     return os.fork(), False
 
 
-def joiner(plan, leaves, nsfds, pid_w, err_w, sock=None, what="sandbox"):
+def joiner(plan, leaves, nsfds, pid_w, err_w, sock=None, what="sandbox", sized=True):
     """The joiner's work (never returns).  Not dumpable before anything of
     the sandbox is joined: none of its processes may ptrace this one or open
     its descriptors (runc's CVE-2016-9962); the process inherits it until its
     execve.  leaves: the cgroup directories to join by a write (none when
-    fork() placed it); sock: the terminal's socket (stages/init._open_pty)."""
+    fork() placed it); sock: the terminal's socket (stages/init._open_pty;
+    sized: the launcher wrote the window size on it first)."""
     step = f"joining the {what}"
     try:
         k.prctl(4, 0)      # PR_SET_DUMPABLE 0
@@ -83,7 +84,7 @@ def joiner(plan, leaves, nsfds, pid_w, err_w, sock=None, what="sandbox"):
         slave = None
         if sock is not None:
             step = "allocating the terminal"
-            slave = _open_pty(sock)
+            slave = _open_pty(sock, sized)
         command.run(plan, err_w, wdfd, slave)
     except OSError as e:
         channel.fail(err_w, 125, step, e.strerror or str(e))

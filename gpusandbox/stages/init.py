@@ -233,16 +233,17 @@ def _close_except(keep):
             low = fd + 1
 
 
-def _open_pty(sock):
+def _open_pty(sock, sized=True):
     """A pty in the sandbox's devpts; the master goes to the launcher.  Its
     window size is the caller's terminal's, which the launcher wrote on the
     socket first (parent.winsize), set before the command exists: a size
     set later reaches the command as a SIGWINCH it may not handle yet (a
-    shell before its trap), and it would keep the new pty's 0x0."""
+    shell before its trap), and it would keep the new pty's 0x0.  Not
+    sized: an OCI caller's console socket, whose owner sets the size."""
     import socket
     master = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     k.libc.ioctl(master, 0x40045431, k.byref(k.c_int(0)))  # TIOCSPTLCK: unlock
-    size = sock.recv(8)
+    size = sock.recv(8) if sized else b""
     if len(size) == 8:
         k.libc.ioctl(master, 0x5414, size)                  # TIOCSWINSZ
     slave = k.libc.ioctl(master, 0x5441, os.O_RDWR | os.O_NOCTTY)  # TIOCGPTPEER

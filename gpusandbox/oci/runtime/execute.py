@@ -185,4 +185,4 @@ def _join(plan, leaves, nsfds, pid_w, err_w, console):
         except OSError as e:
             channel.fail(err_w, 125, "connecting to the console socket", e.strerror or str(e))
             os._exit(125)
-    enter.joiner(plan, leaves, nsfds, pid_w, err_w, sock, "container")
+    enter.joiner(plan, leaves, nsfds, pid_w, err_w, sock, "container", sized=False)
